@@ -1,0 +1,27 @@
+"""specgen: lossless speculative decoding for local LLM generation.
+
+Public API:
+    Pipeline.load(model, device=..., dtype=...) -> Pipeline
+    Pipeline.generate(prompt, ...) -> Completion
+    Pipeline.stream(prompt, ...) -> Iterator[Chunk]
+    SamplingParams(temperature, top_k, top_p, seed)
+"""
+
+from specgen.config import ModelArgs, SamplingParams
+from specgen.errors import SpecgenError
+from specgen.pipeline import Chunk, Completion, Pipeline
+from specgen.stats import GenStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Chunk",
+    "Completion",
+    "GenStats",
+    "ModelArgs",
+    "Pipeline",
+    "SamplingParams",
+    "SpecgenError",
+    "__version__",
+]
+

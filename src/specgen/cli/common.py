@@ -1,0 +1,53 @@
+"""What every command does around its real work: load the model, turn errors into one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+from specgen import display
+from specgen.errors import SpecgenError
+
+
+@contextmanager
+def user_errors(debug: bool) -> Iterator[None]:
+    """Errors become one line on stderr and a non-zero exit; `--debug` re-raises them."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except SpecgenError as e:
+        if debug:
+            raise
+        display.error(str(e))
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        display.error("interrupted")
+        raise typer.Exit(130) from None
+    except Exception as e:  # a bug: say so in one line, the traceback is one flag away
+        if debug:
+            raise
+        display.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
+        raise typer.Exit(1) from None
+
+
+def quiet_libraries() -> None:
+    """transformers/huggingface_hub chatter (advisory warnings) is not for our users."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def load_pipeline(model: str, *, device: str, dtype: str, context: int | None, quiet: bool):
+    """Load the target, reporting slow one-off work (GGUF conversion, downloads)."""
+    quiet_libraries()
+    from specgen.pipeline import Pipeline
+
+    notify = None if quiet else display.status
+    return Pipeline.load(model, device=device, dtype=dtype, context=context, notify=notify)

@@ -1,0 +1,160 @@
+"""`specgen generate`: answer one prompt, a file of prompts, or stdin."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specgen import display
+from specgen.cli.common import load_pipeline, user_errors
+from specgen.cli.options import (
+    DEFAULT_MODEL,
+    ContextOpt,
+    DebugOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    MaxNewTokensOpt,
+    Method,
+    MethodOpt,
+    ModelOpt,
+    QuietOpt,
+    RawOpt,
+    SeedOpt,
+    TemperatureOpt,
+    ThinkOpt,
+    TopKOpt,
+    TopPOpt,
+)
+from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
+from specgen.config import SamplingParams
+from specgen.errors import PromptError, SpecgenError
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Pipeline
+    from specgen.stats import GenStats
+
+EXAMPLES = """
+Examples:
+
+  specgen generate "Why is the sky blue?"
+
+  echo "Summarise: ..." | specgen generate --json
+
+  specgen generate --prompt-file questions.jsonl --json --max-new-tokens 128
+"""
+
+
+def generate(
+    prompt: Annotated[
+        str | None, typer.Argument(help="The prompt; omit it to use --prompt-file or stdin.")
+    ] = None,
+    prompt_file: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-file",
+            "-f",
+            help=".txt (one prompt per line) or .jsonl (`prompt` or `turns`); - for stdin lines.",
+        ),
+    ] = None,
+    model: ModelOpt = DEFAULT_MODEL,
+    method: MethodOpt = Method.ar,
+    max_new_tokens: MaxNewTokensOpt = 256,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    context: ContextOpt = None,
+    raw: RawOpt = False,
+    think: ThinkOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Generate an answer for each prompt and stream it to stdout."""
+    with user_errors(debug):
+        if max_new_tokens < 1:
+            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        prompts = _collect_prompts(prompt, prompt_file)
+        pipe = load_pipeline(model, device=device, dtype=dtype, context=context, quiet=quiet)
+        answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet)
+        failures = 0
+        for text in prompts:
+            try:
+                ids = pipe.encode(text, raw=raw, think=think)
+            except PromptError as e:  # one bad prompt in a file must not lose the others
+                failures += 1
+                if json_out:
+                    display.write_json({"prompt": text, "error": str(e)})
+                display.error(str(e))
+                continue
+            answer(text, ids)
+        if failures:
+            raise typer.Exit(2)
+
+
+generate.__doc__ = (generate.__doc__ or "") + EXAMPLES
+
+
+def _collect_prompts(prompt: str | None, prompt_file: str | None) -> list[str]:
+    if prompt is not None and prompt_file is not None:
+        raise SpecgenError("give either a PROMPT argument or --prompt-file, not both")
+    if prompt is not None:
+        if not prompt.strip():
+            raise PromptError("empty prompt")
+        return [prompt]
+    if prompt_file is not None:
+        return read_prompt_file(prompt_file)
+    if sys.stdin.isatty():
+        raise PromptError("no prompt: give a PROMPT argument, --prompt-file FILE, or pipe text in")
+    return [read_stdin_prompt()]
+
+
+@dataclass(frozen=True)
+class _Answerer:
+    """Streams one answer (or prints its JSON record); Ctrl-C keeps what was generated."""
+
+    pipe: Pipeline
+    sampling: SamplingParams
+    max_new_tokens: int
+    json_out: bool
+    quiet: bool
+
+    def __call__(self, prompt: str, ids: list[int]) -> None:
+        tokens: list[int] = []
+        stats: GenStats | None = None
+        try:
+            for chunk in self.pipe.stream_ids(
+                ids, sampling=self.sampling, max_new_tokens=self.max_new_tokens
+            ):
+                tokens.extend(chunk.token_ids)
+                stats = chunk.stats
+                if not self.json_out:
+                    display.write(chunk.text)
+        except KeyboardInterrupt:
+            if stats is not None:
+                stats.finish_reason = "interrupted"
+            self._finish(prompt, tokens, stats)
+            raise
+        self._finish(prompt, tokens, stats)
+
+    def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None) -> None:
+        if self.json_out:
+            display.write_json(
+                {
+                    "prompt": prompt,
+                    "text": self.pipe.codec.decode(tokens),
+                    "token_ids": tokens,
+                    "stats": stats.to_dict() if stats is not None else None,
+                }
+            )
+            return
+        display.write("\n")
+        if stats is not None and not self.quiet and sys.stderr.isatty():
+            display.show_stats(stats)

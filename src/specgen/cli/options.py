@@ -1,0 +1,65 @@
+"""Options shared by the commands, defined once (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from specgen.registry import DEFAULT_ALIAS
+
+
+class Method(str, Enum):
+    # Only methods that work are listed; each later method adds itself here as it lands.
+    ar = "ar"
+
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="Alias (see `specgen models`), local directory, .gguf file or Hub repo."
+    ),
+]
+MethodOpt = Annotated[Method, typer.Option("--method", help="Decoding method.")]
+MaxNewTokensOpt = Annotated[
+    int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate per answer.")
+]
+TemperatureOpt = Annotated[
+    float, typer.Option("--temperature", "-t", help="0 = greedy; > 0 samples.")
+]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 = off).")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Sample among the k likeliest (0 = off).")]
+SeedOpt = Annotated[
+    int | None, typer.Option("--seed", help="Seed for sampling (reproducible runs).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")]
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16."
+    ),
+]
+ContextOpt = Annotated[
+    int | None,
+    typer.Option("--context", help="KV-cache size in tokens (default: min(model limit, 8192))."),
+]
+RawOpt = Annotated[
+    bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")
+]
+ThinkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--think/--no-think",
+        help="Qwen3 thinking mode (off by default: public drafters were trained without it).",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="One JSON object per prompt: prompt, text, token_ids, stats.")
+]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print only the answer: no status or stats.")
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
+
+DEFAULT_MODEL = DEFAULT_ALIAS

@@ -1,0 +1,153 @@
+"""Frozen configuration dataclasses: one per concern.
+
+`ModelArgs.from_hf` reads a Hugging Face `config.json` of the Llama, Qwen2 and Qwen3
+families into the few numbers our decoder needs; unknown keys are ignored, unsupported
+features (sliding windows, exotic RoPE scaling) are refused with a clear message rather
+than silently computed wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specgen.errors import CheckpointError, SpecgenError
+
+# model_type -> family. The family decides which projections carry biases and whether the
+# attention has per-head q/k RMSNorm; everything else is read from the config itself.
+FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+SUPPORTED_ROPE = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeArgs:
+    theta: float = 10000.0
+    kind: str = "default"  # one of SUPPORTED_ROPE
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_positions: int = 8192  # llama3 only
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The shape of a target decoder (Llama, Qwen2 or Qwen3 family)."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_positions: int
+    rope: RopeArgs = field(default_factory=RopeArgs)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], *, name: str = "model") -> ModelArgs:
+        """Build from a parsed HF config.json; `name` is only used in error messages."""
+        model_type = cfg.get("model_type")
+        family = FAMILIES.get(str(model_type))
+        if family is None:
+            arch = ", ".join(cfg.get("architectures") or []) or "unknown architecture"
+            raise CheckpointError(
+                f"{name}: unsupported architecture {model_type!r} ({arch}); "
+                f"specgen runs the {', '.join(sorted(FAMILIES))} families"
+            )
+        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+            raise CheckpointError(f"{name}: sliding-window attention targets are not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"{name}: unsupported activation {cfg.get('hidden_act')!r}")
+        try:
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            attention_bias = bool(cfg.get("attention_bias", False))
+            return cls(
+                family=family,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                max_positions=int(cfg.get("max_position_embeddings", 4096)),
+                rope=_rope_from_hf(cfg, name),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                # Qwen2 always biases q/k/v (never o); Llama and Qwen3 follow attention_bias.
+                qkv_bias=True if family == "qwen2" else attention_bias,
+                o_bias=False if family == "qwen2" else attention_bias,
+                mlp_bias=bool(cfg.get("mlp_bias", False)),
+                qk_norm=family == "qwen3",
+                eos_token_ids=_ids(cfg.get("eos_token_id")),
+                bos_token_id=cfg.get("bos_token_id"),
+            )
+        except KeyError as e:
+            raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _rope_from_hf(cfg: dict[str, Any], name: str) -> RopeArgs:
+    # transformers 5 writes `rope_parameters` (theta inside); older configs have
+    # `rope_theta` at the top and `rope_scaling` for the scaling variant.
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    merged = {**scaling, **params}
+    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
+    if kind not in SUPPORTED_ROPE:
+        raise CheckpointError(f"{name}: unsupported RoPE scaling {kind!r}")
+    return RopeArgs(
+        theta=float(theta),
+        kind=kind,
+        factor=float(merged.get("factor", 1.0)),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        original_max_positions=int(merged.get("original_max_position_embeddings", 8192)),
+    )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the target's logits.
+
+    temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 disable those filters; they
+    are applied in transformers' order: temperature, then top-k, then top-p.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise SpecgenError(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.top_k < 0:
+            raise SpecgenError(f"--top-k must be >= 0 (got {self.top_k})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecgenError(f"--top-p must be in (0, 1] (got {self.top_p})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

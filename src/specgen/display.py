@@ -1,0 +1,90 @@
+"""Everything specgen prints goes through here.
+
+The answer goes to stdout as plain text (so pipes get exactly the model's words); status,
+stats and errors go to stderr through Rich, which drops colour when stderr is not a
+terminal. Formatting functions are pure (stats in, string or renderable out) so they are
+tested without a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from specgen.stats import GenStats
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def write(text: str) -> None:
+    """Answer text, streamed: no buffering, no markup."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def write_json(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def status(message: str) -> None:
+    _err.print(f"[dim]{_escape(message)}[/dim]")
+
+
+def error(message: str) -> None:
+    # One line, always: callers pass messages without newlines, and we make sure of it.
+    line = " ".join(message.split())
+    _err.print(f"[bold red]error:[/bold red] {_escape(line)}")
+
+
+def note(message: str) -> None:
+    _err.print(f"[yellow]{_escape(message)}[/yellow]")
+
+
+def stats_line(stats: GenStats) -> str:
+    """One line summarising a finished generation."""
+    parts = [
+        f"{stats.new_tokens} tokens",
+        f"{stats.tokens_per_second:.1f} tok/s",
+        f"τ {stats.acceptance_length:.2f} (incl. bonus)",
+    ]
+    if stats.ttft_seconds is not None:
+        parts.append(f"first token {stats.ttft_seconds:.2f} s")
+    if stats.prompt_tokens:
+        cached = stats.prompt_tokens - stats.prefill_tokens
+        parts.append(f"prompt {stats.prompt_tokens}" + (f" ({cached} cached)" if cached else ""))
+    if stats.finish_reason and stats.finish_reason != "stop":
+        parts.append(f"stopped: {stats.finish_reason}")
+    return " · ".join(parts)
+
+
+def show_stats(stats: GenStats) -> None:
+    _err.print(f"[dim]{_escape(stats_line(stats))}[/dim]")
+
+
+def models_table(rows: Iterable[dict[str, str]]) -> Table:
+    table = Table(title="specgen models", title_justify="left")
+    for column in ("alias", "repo", "drafters", "status"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["alias"], row["repo"], row["drafters"] or "-", row["status"])
+    return table
+
+
+def show(renderable: Any) -> None:
+    Console(highlight=False).print(renderable)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

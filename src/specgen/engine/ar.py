@@ -1,0 +1,48 @@
+"""Plain autoregressive decoding: the baseline every method is measured and checked against.
+
+One target forward per token, in the same engine and cache as the speculative methods, so
+speedups compare like with like. The loop yields one `StepEvent` per committed token and
+stops exactly at a stop token (not emitted), at `max_new_tokens`, or at the context limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from specgen.config import SamplingParams
+from specgen.engine.events import StepEvent
+from specgen.engine.sampling import make_generator, sample
+from specgen.models.kv_cache import StaticKVCache
+from specgen.models.transformer import Transformer
+
+
+@torch.inference_mode()
+def generate_ar(
+    model: Transformer,
+    cache: StaticKVCache,
+    new_ids: list[int],
+    *,
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop_ids: frozenset[int],
+) -> Iterator[StepEvent]:
+    """Prefill `new_ids` after what `cache` already holds, then decode token by token."""
+    generator = make_generator(params, model.device)
+    tokens = torch.tensor([new_ids], dtype=torch.long, device=model.device)
+    logits = model(tokens, cache, num_logits=1).logits[:, -1]
+    for produced in range(1, max_new_tokens + 1):
+        token = sample(logits, params, generator)
+        tid = int(token)  # sync: the host needs the token to stop, detokenize and stream
+        if tid in stop_ids:
+            yield StepEvent(tokens=(), finish="stop")
+            return
+        if produced == max_new_tokens:
+            yield StepEvent(tokens=(tid,), finish="length")
+            return
+        if cache.free == 0:  # nowhere to put this token's K/V: the context is full
+            yield StepEvent(tokens=(tid,), finish="context")
+            return
+        yield StepEvent(tokens=(tid,))
+        logits = model(token.view(1, 1), cache).logits[:, -1]

@@ -1,0 +1,52 @@
+"""Logits -> next token: greedy, or temperature / top-k / top-p sampling.
+
+`probabilities` is the one place the sampling filters are applied, so the AR baseline and
+(later) the speculative verifier sample from exactly the same distribution.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specgen.config import SamplingParams
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator:
+    """A private RNG: seeded runs are reproducible and never disturb torch's global RNG."""
+    seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def probabilities(
+    logits: torch.Tensor,  # [..., V]
+    params: SamplingParams,
+) -> torch.Tensor:  # [..., V] fp32, rows sum to 1
+    """Softmax of logits / T after top-k and top-p filtering (transformers' order)."""
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p; the most
+        # likely token always survives.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop = mass_before >= params.top_p
+        drop[..., 0] = False
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,  # [B, V]
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> torch.Tensor:  # [B] int64
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    probs = probabilities(logits, params)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

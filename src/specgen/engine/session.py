@@ -1,0 +1,48 @@
+"""A conversation's state on the target: its KV cache and the tokens that fill it.
+
+Consecutive prompts usually share a prefix (a chat's history, a bench suite's system
+prompt). `prepare` keeps the cached part of that prefix and returns only the tokens that
+still need a prefill. `settle` re-establishes the invariant "the cache holds exactly the
+K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
+"""
+
+from __future__ import annotations
+
+from specgen.models.kv_cache import ContextLimitError
+from specgen.models.transformer import Transformer
+
+
+class Session:
+    def __init__(self, model: Transformer, capacity: int) -> None:
+        self.cache = model.new_cache(capacity)
+        self.ids: list[int] = []  # tokens whose K/V are in the cache, in order
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def prepare(self, prompt_ids: list[int]) -> list[int]:
+        """Roll the cache back to the longest reusable prefix; return the ids to prefill."""
+        if len(prompt_ids) >= self.capacity:
+            raise ContextLimitError(
+                f"prompt is {len(prompt_ids)} tokens but the context limit is "
+                f"{self.capacity} (leave room for at least one new token; see --context)"
+            )
+        keep = 0
+        # Keep at least one token to prefill: its logits give the first new token.
+        limit = min(len(self.ids), len(prompt_ids) - 1)
+        while keep < limit and self.ids[keep] == prompt_ids[keep]:
+            keep += 1
+        self.cache.rollback(keep)
+        self.ids = list(prompt_ids[:keep])
+        return list(prompt_ids[keep:])
+
+    def settle(self, sequence: list[int]) -> None:
+        """After generating `sequence` (prompt + output), trust only what the cache holds."""
+        n = min(self.cache.length, len(sequence))
+        self.cache.rollback(n)
+        self.ids = list(sequence[:n])
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.ids = []

@@ -1,0 +1,165 @@
+"""Resolve what the user typed for --model into a local HF-format directory.
+
+This is the only module that touches the network. Resolution order:
+
+1. an existing path: a directory with config.json, a `.gguf` file, or a directory holding
+   exactly one `.gguf`;
+2. a registry alias: its Hub repo if it is already in the local Hugging Face cache, else
+   the GGUF embedded in a pip package (the default model, so a fresh machine works
+   offline), else a download;
+3. anything shaped like `org/name`: a Hub repo, downloaded or taken from the cache.
+
+Downloads go through `huggingface_hub.snapshot_download` (its cache, `HF_HOME`,
+`HF_TOKEN`, progress bars) and fetch only config, tokenizer and safetensors files.
+`HF_HUB_OFFLINE=1` forbids the network; an uncached repo then fails with one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.errors import ModelNotFoundError
+from specgen.models.gguf import ensure_converted
+from specgen.registry import MODELS, ModelEntry
+
+ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+]
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+Notify = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: Path  # an HF-format directory: config.json, safetensors, tokenizer files
+    name: str  # what to call it in messages
+    source: str  # "local", "gguf", "hub-cache", "embedded" or "download"
+
+
+def is_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_model(spec: str, *, notify: Notify | None = None) -> ResolvedModel:
+    """Turn an alias, path or repo id into a local model directory (downloading if needed)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _resolve_path(path, spec, notify)
+    entry = MODELS.get(spec.lower())
+    if entry is not None:
+        return _resolve_alias(entry, notify)
+    if _REPO_ID.match(spec) and not spec.startswith((".", "~")):
+        return ResolvedModel(download(spec), spec, "download")
+    if "/" in spec or spec.endswith(".gguf"):
+        raise ModelNotFoundError(f"{spec}: no such file or directory")
+    known = ", ".join(MODELS)
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}; use an alias ({known}), a local path or a Hub repo id"
+    )
+
+
+def _resolve_path(path: Path, spec: str, notify: Notify | None) -> ResolvedModel:
+    if path.is_file() and path.suffix == ".gguf":
+        return ResolvedModel(ensure_converted(path, notify), spec, "gguf")
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ResolvedModel(path, spec, "local")
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ResolvedModel(ensure_converted(ggufs[0], notify), spec, "gguf")
+    raise ModelNotFoundError(
+        f"{spec}: not a model (expected a directory with config.json, or a .gguf file)"
+    )
+
+
+def _resolve_alias(entry: ModelEntry, notify: Notify | None) -> ResolvedModel:
+    cached = cached_snapshot(entry.repo)
+    if cached is not None:
+        return ResolvedModel(cached, entry.alias, "hub-cache")
+    gguf = embedded_gguf(entry)
+    if gguf is not None:
+        return ResolvedModel(ensure_converted(gguf, notify), entry.alias, "embedded")
+    return ResolvedModel(download(entry.repo, alias=entry.alias), entry.alias, "download")
+
+
+def embedded_gguf(entry: ModelEntry) -> Path | None:
+    """The GGUF file shipped in a pip package, without importing that package."""
+    if entry.embedded_gguf is None:
+        return None
+    package, file = entry.embedded_gguf
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / file
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def cached_snapshot(repo: str) -> Path | None:
+    """The repo's snapshot in the local HF cache if it has config and weights, else None."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    complete = (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    return path if complete else None
+
+
+def download(repo: str, *, alias: str | None = None) -> Path:
+    """Fetch config, tokenizer and safetensors of `repo` into the HF cache (or reuse it)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    offline = is_offline()
+    try:
+        return Path(
+            snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=offline)
+        )
+    except LocalEntryNotFoundError:
+        how = f"`specgen pull {alias or repo}`"
+        if offline:
+            raise ModelNotFoundError(
+                f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                f"run {how} with network access first"
+            ) from None
+        raise ModelNotFoundError(
+            f"{repo} is not cached and the Hugging Face Hub cannot be reached; "
+            f"run {how} once online"
+        ) from None
+    except GatedRepoError:
+        raise ModelNotFoundError(
+            f"{repo} is gated: accept its terms on huggingface.co and set HF_TOKEN"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(
+            f"{repo}: no such repository on the Hugging Face Hub (private? set HF_TOKEN)"
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        raise ModelNotFoundError(f"{repo}: download failed ({e})") from None

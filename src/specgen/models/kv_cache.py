@@ -1,0 +1,77 @@
+"""Static KV cache: allocated once, addressed by an explicit length.
+
+Every layer's keys and values live in one buffer of `capacity` positions. A forward pass
+writes its new tokens at [length, length + T) and the model then `commit`s them; the
+speculative loop `rollback`s to the committed length after a verify pass. Nothing is ever
+reallocated or copied on rollback: positions past `length` are simply dead and are
+overwritten by the next write.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.errors import PromptError
+
+
+class ContextLimitError(PromptError):
+    """A write that would run past the cache capacity (the context limit)."""
+
+
+class StaticKVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
+        # empty, not zeros: positions >= length are never read, and untouched pages of a
+        # large context are not even faulted in on the CPU.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0  # positions [0, length) hold committed tokens
+        self._written = 0  # end of the last write; commit may not go past it
+
+    def write(
+        self,
+        layer: int,
+        k: torch.Tensor,  # [B, n_kv, T, d]
+        v: torch.Tensor,  # [B, n_kv, T, d]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new tokens' K/V after `length`; return views of [0, length + T)."""
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.capacity:
+            raise ContextLimitError(
+                f"context limit reached: {end} tokens do not fit in {self.capacity}"
+            )
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        self._written = end
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def commit(self, length: int) -> None:
+        """Make the first `length` positions valid; they must have been written."""
+        if not self.length <= length <= self._written:
+            raise ValueError(f"commit({length}) outside [{self.length}, {self._written}]")
+        self.length = length
+
+    def rollback(self, length: int) -> None:
+        """Forget every position from `length` on (0 <= length <= current length)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback({length}) outside [0, {self.length}]")
+        self.length = length
+        self._written = length
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.length

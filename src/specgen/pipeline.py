@@ -1,0 +1,209 @@
+"""The public entry point: a loaded target, its tokenizer, and generation on top.
+
+    pipe = Pipeline.load("smollm2-135m")
+    print(pipe.generate("Why is the sky blue?", max_new_tokens=64).text)
+    for chunk in pipe.stream("Tell me a joke"):
+        print(chunk.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specgen.config import SamplingParams
+from specgen.engine.ar import generate_ar
+from specgen.engine.session import Session
+from specgen.errors import PromptError, SpecgenError
+from specgen.hub import Notify, resolve_model
+from specgen.models.loading import load_target
+from specgen.models.transformer import Transformer
+from specgen.registry import DEFAULT_ALIAS
+from specgen.stats import GenStats
+from specgen.text import Detokenizer, TextCodec
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
+
+Prompt = str | list[dict[str, str]]  # text, or a chat conversation
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One step of a stream: the text it added and the tokens it committed."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stats: GenStats  # running totals; final once stats.finish_reason is set
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt: Prompt
+    text: str
+    token_ids: list[int]
+    stats: GenStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecgenError(f"--device {device}: this torch build sees no CUDA GPU")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SpecgenError(f"--device must be auto, cpu or cuda[:N] (got {device!r})")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        # bf16 halves the bytes a GPU step reads; on CPUs without bf16 matmul units it is
+        # slower than fp32 (benchmarks/ar_vs_transformers.py measures both).
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise SpecgenError(f"--dtype must be one of auto, {', '.join(DTYPES)} (got {dtype!r})")
+    return DTYPES[dtype]
+
+
+class Pipeline:
+    def __init__(self, model: Transformer, codec: TextCodec, name: str, context: int) -> None:
+        self.model = model
+        self.codec = codec
+        self.name = name
+        self.context = context
+        self.session = self.new_session()
+
+    @classmethod
+    def load(
+        cls,
+        model: str = DEFAULT_ALIAS,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        context: int | None = None,
+        notify: Notify | None = None,
+    ) -> Pipeline:
+        """Resolve `model` (alias, path, .gguf or Hub repo) and load it.
+
+        Args:
+            context: KV-cache capacity in tokens; default min(model limit, 8192).
+            notify: called with one-line progress messages (conversion, download).
+        """
+        resolved = resolve_model(model, notify=notify)
+        dev = resolve_device(device)
+        target = load_target(
+            resolved.path, dtype=resolve_dtype(dtype, dev), device=dev, name=resolved.name
+        )
+        limit = target.args.max_positions
+        if context is not None and not 1 < context <= limit:
+            raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
+        codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
+        return cls(target, codec, resolved.name, context or min(limit, DEFAULT_CONTEXT))
+
+    def new_session(self) -> Session:
+        """A fresh KV cache, e.g. for an independent chat."""
+        return Session(self.model, self.context)
+
+    def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
+        """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError("empty prompt")
+            if raw:
+                return self.codec.encode_raw(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        return self.codec.encode_chat(prompt, think=think)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 256,
+        raw: bool = False,
+        think: bool = False,
+        session: Session | None = None,
+    ) -> Iterator[Chunk]:
+        """Yield text as it is generated; the last chunk's stats carry the finish reason."""
+        ids = self.encode(prompt, raw=raw, think=think)
+        yield from self.stream_ids(
+            ids, sampling=sampling, max_new_tokens=max_new_tokens, session=session
+        )
+
+    def stream_ids(
+        self,
+        prompt_ids: list[int],
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 256,
+        session: Session | None = None,
+    ) -> Iterator[Chunk]:
+        if max_new_tokens < 1:
+            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+        session = session or self.session
+        new_ids = session.prepare(prompt_ids)
+        stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        detok = Detokenizer(self.codec)
+        output: list[int] = []
+        try:
+            for event in generate_ar(
+                self.model,
+                session.cache,
+                new_ids,
+                params=sampling or SamplingParams(),
+                max_new_tokens=max_new_tokens,
+                stop_ids=self.codec.stop_ids,
+            ):
+                output.extend(event.tokens)
+                stats.record_step(len(event.tokens), event.accepted, event.finish)
+                text = detok.push(list(event.tokens))
+                if event.finish is not None:
+                    text += detok.flush()
+                yield Chunk(text=text, token_ids=event.tokens, stats=stats)
+        finally:
+            session.settle(prompt_ids + output)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 256,
+        raw: bool = False,
+        think: bool = False,
+        session: Session | None = None,
+    ) -> Completion:
+        """Generate to completion (same options as `stream`)."""
+        ids: list[int] = []
+        stats = GenStats()
+        chunks = self.stream(
+            prompt,
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            raw=raw,
+            think=think,
+            session=session,
+        )
+        for chunk in chunks:
+            ids.extend(chunk.token_ids)
+            stats = chunk.stats
+        return Completion(prompt, self.codec.decode(ids), ids, stats)

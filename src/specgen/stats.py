@@ -1,0 +1,66 @@
+"""Per-request statistics. Plain numbers in, a dict out; no model code.
+
+τ (acceptance length) counts the bonus token: it is accepted draft tokens + 1 per step,
+averaged over steps (Spec-Bench / vLLM / DFlash convention), so plain AR has τ = 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenStats:
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually run (the rest came from the cache)
+    new_tokens: int = 0
+    steps: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # steps accepting >= k+1
+    seconds: float = 0.0  # from the start of the prefill to the last token
+    ttft_seconds: float | None = None  # time to first token (prefill + first sample)
+    finish_reason: str | None = None
+    _start: float = field(default_factory=time.perf_counter, repr=False)
+
+    def record_step(self, tokens: int, accepted: int, finish: str | None) -> None:
+        now = time.perf_counter() - self._start
+        if self.ttft_seconds is None:
+            self.ttft_seconds = now
+        self.seconds = now
+        self.new_tokens += tokens
+        self.steps += 1
+        self.accepted += accepted
+        for k in range(accepted):
+            if k == len(self.accepted_per_position):
+                self.accepted_per_position.append(0)
+            self.accepted_per_position[k] += 1
+        if finish is not None:
+            self.finish_reason = finish
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """τ: accepted draft tokens + 1 (the bonus) per step, averaged over steps."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "new_tokens": self.new_tokens,
+            "seconds": round(self.seconds, 4),
+            "ttft_seconds": None if self.ttft_seconds is None else round(self.ttft_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "steps": self.steps,
+            "acceptance_length": round(self.acceptance_length, 3),
+            # fraction of steps whose k-th draft token was accepted (empty for AR)
+            "accepted_per_position": [
+                round(c / self.steps, 4) for c in self.accepted_per_position
+            ],
+            "finish_reason": self.finish_reason,
+        }

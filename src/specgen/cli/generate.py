@@ -87,14 +87,12 @@ def generate(
         failures = 0
         for text in prompts:
             try:
-                ids = pipe.encode(text, raw=raw, think=think)
+                answer(text, pipe.encode(text, raw=raw, think=think))
             except PromptError as e:  # one bad prompt in a file must not lose the others
                 failures += 1
                 if json_out:
                     display.write_json({"prompt": text, "error": str(e)})
                 display.error(str(e))
-                continue
-            answer(text, ids)
         if failures:
             raise typer.Exit(2)
 

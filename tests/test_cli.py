@@ -1,0 +1,188 @@
+"""The CLI contract: output formats, and one clear line + non-zero exit for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from specgen.cli import app
+
+runner = CliRunner()
+FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
+
+
+def run(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def assert_one_line_error(result, code, *fragments):
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+# --- what works -------------------------------------------------------------------------
+
+
+def test_generate_streams_the_answer(tiny_llama):
+    result = run("generate", "The quick brown fox", "--model", str(tiny_llama), *FAST)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.endswith("\n") and result.stdout.strip()
+
+
+def test_generate_json_from_stdin(tiny_llama):
+    result = run("generate", "--json", "--model", str(tiny_llama), *FAST, input="Hello there\n")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["prompt"] == "Hello there"
+    assert set(record) == {"prompt", "text", "token_ids", "stats"}
+    for key in ("new_tokens", "seconds", "tokens_per_second", "steps", "acceptance_length",
+                "accepted_per_position"):
+        assert key in record["stats"]
+    assert record["stats"]["new_tokens"] == len(record["token_ids"])
+
+
+def test_prompt_file_jsonl_keeps_input_order(tiny_llama, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"prompt": "first"}, {"turns": ["second", "ignored"]}, {"prompt": "third"}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    result = run("generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST)
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["prompt"] for r in records] == ["first", "second", "third"]
+
+
+def test_prompt_file_txt_and_stdin_lines(tiny_llama, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\n\ntwo\n")
+    result = run("generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST)
+    assert [json.loads(x)["prompt"] for x in result.stdout.splitlines()] == ["one", "two"]
+    result = run("generate", "-f", "-", "--json", "--model", str(tiny_llama), *FAST,
+                 input="a\nb\n")
+    assert [json.loads(x)["prompt"] for x in result.stdout.splitlines()] == ["a", "b"]
+
+
+def test_chat_keeps_history_and_handles_commands(tiny_llama):
+    script = "hello\n/stats\n/bogus\n/reset\nhi again\n/exit\nnever read\n"
+    result = run("chat", "--model", str(tiny_llama), *FAST, input=script)
+    assert result.exit_code == 0, result.stderr
+    assert "1 answers" in result.stderr and "conversation forgotten" in result.stderr
+    assert "unknown command /bogus" in result.stderr
+
+
+def test_chat_survives_a_history_longer_than_the_context(tiny_llama):
+    script = "a fairly long first message for a tiny context\n/reset\nhi\n"
+    result = run("chat", "--model", str(tiny_llama), *FAST, "--context", "20", input=script)
+    assert result.exit_code == 0
+    assert "context limit" in result.stderr and "/reset" in result.stderr
+
+
+def test_models_lists_every_alias():
+    result = run("models", "--json")
+    assert result.exit_code == 0
+    aliases = [json.loads(x)["alias"] for x in result.stdout.splitlines()]
+    assert aliases[0] == "smollm2-135m (default)" and "qwen3-8b" in aliases
+
+
+# --- bad input: one line, non-zero exit, nothing lost -------------------------------------
+
+
+def test_unknown_alias():
+    assert_one_line_error(run("generate", "hi", "--model", "gpt-9"), 2, "unknown model 'gpt-9'")
+
+
+def test_path_that_is_not_a_model(tmp_path):
+    (tmp_path / "readme.txt").write_text("x")
+    assert_one_line_error(run("generate", "hi", "--model", str(tmp_path)), 2, "not a model")
+
+
+def test_unsupported_architecture(tiny_llama, tmp_path):
+    path = shutil.copytree(tiny_llama, tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (path / "config.json").write_text(json.dumps(cfg))
+    result = run("generate", "hi", "--model", str(path), *FAST)
+    assert_one_line_error(result, 2, "unsupported architecture 'gpt_neox'")
+
+
+def test_missing_and_misshaped_tensors(tiny_llama, tmp_path):
+    path = shutil.copytree(tiny_llama, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors.pop("model.norm.weight")
+    save_file(tensors, path / "model.safetensors")
+    result = run("generate", "hi", "--model", str(path), *FAST)
+    assert_one_line_error(result, 2, "lacks model.norm.weight")
+
+
+def test_corrupt_checkpoint(tiny_llama, tmp_path):
+    path = shutil.copytree(tiny_llama, tmp_path / "m")
+    (path / "model.safetensors").write_bytes(b"\x00" * 100)
+    assert_one_line_error(run("generate", "hi", "--model", str(path), *FAST), 2, "corrupt")
+
+
+def test_empty_stdin(tiny_llama):
+    result = run("generate", "--model", str(tiny_llama), *FAST, input="  \n")
+    assert_one_line_error(result, 2, "stdin is empty")
+
+
+def test_non_utf8_stdin(tiny_llama):
+    result = run("generate", "--model", str(tiny_llama), *FAST, input=b"caf\xe9\n")
+    assert_one_line_error(result, 2, "not valid UTF-8")
+
+
+def test_prompt_file_with_invalid_utf8_reports_the_line(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_bytes(b"fine\nalso fine\nbad \xff\xfe byte\n")
+    result = run("generate", "-f", str(prompts))
+    assert_one_line_error(result, 2, "line 3 is not valid UTF-8")
+
+
+def test_prompt_file_missing_or_malformed(tmp_path):
+    assert_one_line_error(run("generate", "-f", str(tmp_path / "nope.txt")), 2, "no such prompt file")
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{broken\n')
+    assert_one_line_error(run("generate", "-f", str(bad)), 2, "line 2 is not valid JSON")
+
+
+def test_prompt_longer_than_the_context(tiny_llama):
+    long = "The quick brown fox jumps over the lazy dog. " * 5
+    result = run("generate", long, "--model", str(tiny_llama), *FAST, "--context", "16")
+    assert_one_line_error(result, 2, "context limit is 16")
+
+
+def test_one_bad_prompt_in_a_file_does_not_lose_the_others(tiny_llama, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("short\n" + "a much longer prompt that cannot fit " * 4 + "\nalso short\n")
+    args = ["generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST]
+    result = run(*args, "--context", "40")
+    assert result.exit_code == 2
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert "error" in records[1] and "text" in records[0] and "text" in records[2]
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_max_new_tokens_must_be_positive(value):
+    result = run("generate", "hi", "--max-new-tokens", value)
+    assert_one_line_error(result, 2, "--max-new-tokens must be at least 1")
+
+
+def test_bad_sampling_option_fails_before_loading():
+    assert_one_line_error(run("generate", "hi", "--top-p", "0"), 2, "--top-p")
+
+
+def test_debug_shows_the_real_exception():
+    result = run("generate", "hi", "--model", "gpt-9", "--debug")
+    assert result.exit_code != 0 and type(result.exception).__name__ == "ModelNotFoundError"
+
+
+def test_pull_unknown_alias_and_offline(monkeypatch):
+    assert_one_line_error(run("pull", "gpt-9"), 2, "unknown model")
+    result = run("pull", "qwen3-4b", "--no-drafters")  # HF_HUB_OFFLINE=1 in tests
+    assert result.exit_code == 2 and "HF_HUB_OFFLINE" in result.stderr.splitlines()[-1]

@@ -102,16 +102,12 @@ def load_target(
     dtype: torch.dtype,
     device: str,
     name: str | None = None,
-    layout: str | None = None,
 ) -> Transformer:
-    """Build a `Transformer` from `model_dir` and fill it with the checkpoint's weights.
-
-    `layout` ("rows"/"cols") overrides the per-device default weight layout (tests use it).
-    """
+    """Build a `Transformer` from `model_dir` and fill it with the checkpoint's weights."""
     name = name or str(model_dir)
     args = ModelArgs.from_hf(read_config(model_dir, name), name=name)
     index = SafetensorsIndex(model_dir, name)
-    model = Transformer(args, dtype=dtype, device=device, layout=layout)
+    model = Transformer(args, dtype=dtype, device=device)
     missing: list[str] = []
     for key, dest, offset in _plan(args, model):
         if key not in index.where:
@@ -124,14 +120,10 @@ def load_target(
                 f"{name}: tensor {key} has shape {tuple(tensor.shape)}, "
                 f"expected {expected} for this config"
             )
-        if model.cols and tensor.dim() == 2 and key != "model.embed_tokens.weight":
-            dest.data[:, offset : offset + expected[0]].copy_(tensor.t())
-        else:
-            dest.data[offset : offset + expected[0]].copy_(tensor)
+        dest.data[offset : offset + expected[0]].copy_(tensor)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{name}: checkpoint lacks {', '.join(missing[:3])}{more}")
-    model.tie_weights()
     return model.eval()
 
 

@@ -4,11 +4,6 @@ The three families differ only in which projections carry a bias and whether q/k
 per-head RMSNorm (Qwen3), so one module covers them. q/k/v and gate/up are stored fused so
 a decode step issues two matmuls fewer per layer; the loader stacks HF tensors into them.
 
-Weight layout: HF stores a projection as [out, in] ("rows") and `F.linear` multiplies by
-its transpose. On x86 CPUs in fp32 a one-token step against [in, out] ("cols") storage
-streams the weights about 1.4x faster (measured in benchmarks/ar_vs_transformers.py), so
-the CPU fp32 path stores them that way; GPUs and half precision keep HF's layout.
-
 `forward` takes any number of new tokens: a prompt (prefill), one token (decode) or a
 verify block. Their K/V go into the static cache after its current length; attention is
 causal with the mask offset by that length, and the new tokens are committed on return.
@@ -23,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
+from specgen.kernels.linear import linear
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.norm import rms_norm
 from specgen.models.rope import apply_rope, rope_tables
@@ -38,42 +34,24 @@ def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramet
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def default_layout(device: torch.device, dtype: torch.dtype) -> str:
-    return "cols" if device.type == "cpu" and dtype == torch.float32 else "rows"
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, cols: bool) -> torch.Tensor:
-    """x @ W^T (+ b) for W stored as [out, in] (rows) or already transposed (cols)."""
-    if not cols:
-        return F.linear(x, w, b)
-    return x @ w if b is None else torch.addmm(b, x.flatten(0, -2), w).view(*x.shape[:-1], -1)
-
-
 class DecoderLayer(nn.Module):
-    def __init__(
-        self, args: ModelArgs, dtype: torch.dtype, device: torch.device, cols: bool
-    ) -> None:
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.args = args
-        self.cols = cols
         h, d, inter = args.hidden_size, args.head_dim, args.intermediate_size
         n_qkv = (args.num_heads + 2 * args.num_kv_heads) * d
         w = dict(dtype=dtype, device=device)
-
-        def matrix(out: int, inp: int) -> nn.Parameter:
-            return _weight(inp, out, **w) if cols else _weight(out, inp, **w)
-
         self.attn_norm = _weight(h, **w)
-        self.wqkv = matrix(n_qkv, h)
+        self.wqkv = _weight(n_qkv, h, **w)
         self.bqkv = _weight(n_qkv, **w) if args.qkv_bias else None
         self.q_norm = _weight(d, **w) if args.qk_norm else None
         self.k_norm = _weight(d, **w) if args.qk_norm else None
-        self.wo = matrix(h, args.num_heads * d)
+        self.wo = _weight(h, args.num_heads * d, **w)
         self.bo = _weight(h, **w) if args.o_bias else None
         self.ffn_norm = _weight(h, **w)
-        self.w_gate_up = matrix(2 * inter, h)
+        self.w_gate_up = _weight(2 * inter, h, **w)
         self.b_gate_up = _weight(2 * inter, **w) if args.mlp_bias else None
-        self.w_down = matrix(h, inter)
+        self.w_down = _weight(h, inter, **w)
         self.b_down = _weight(h, **w) if args.mlp_bias else None
 
     def forward(
@@ -90,7 +68,7 @@ class DecoderLayer(nn.Module):
         eps = a.rms_norm_eps
         bsz, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, eps)
-        qkv = linear(h, self.wqkv, self.bqkv, self.cols)
+        qkv = linear(h, self.wqkv, self.bqkv)
         nq, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
         q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
         v = v.view(bsz, t, nkv, d).transpose(1, 2)
@@ -106,10 +84,10 @@ class DecoderLayer(nn.Module):
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
         )
-        x = x + linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo, self.cols)
+        x = x + linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
         h = rms_norm(x, self.ffn_norm, eps)
-        gate, up = linear(h, self.w_gate_up, self.b_gate_up, self.cols).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w_down, self.b_down, self.cols)
+        gate, up = linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w_down, self.b_down)
 
 
 class Transformer(nn.Module):
@@ -121,29 +99,22 @@ class Transformer(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
-        layout: str | None = None,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         self.args = args
         self.dtype = dtype
-        self.cols = (layout or default_layout(dev, dtype)) == "cols"
         self.embed = _weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, dtype, dev, self.cols) for _ in range(args.num_layers)
+            DecoderLayer(args, dtype, dev) for _ in range(args.num_layers)
         )
         self.norm = _weight(args.hidden_size, dtype=dtype, device=dev)
-        if args.tie_word_embeddings and not self.cols:
-            self.lm_head = self.embed  # the same storage
-        else:  # in cols layout a tied head is a transposed copy, made by tie_weights()
-            shape = (args.hidden_size, args.vocab_size) if self.cols else self.embed.shape
-            self.lm_head = _weight(*shape, dtype=dtype, device=dev)
+        self.lm_head = (
+            self.embed  # tied: the same storage
+            if args.tie_word_embeddings
+            else _weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
+        )
         self._cos = self._sin = torch.empty(0, args.head_dim, dtype=dtype, device=dev)
-
-    def tie_weights(self) -> None:
-        """After loading: give a tied LM head the embedding's values."""
-        if self.args.tie_word_embeddings and self.cols:
-            self.lm_head.data.copy_(self.embed.data.t())
 
     @property
     def device(self) -> torch.device:
@@ -172,7 +143,7 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
         """Final norm + LM head (drafters reuse the target's)."""
         normed = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
-        return linear(normed, self.lm_head, None, self.cols)
+        return linear(normed, self.lm_head, None)
 
     @torch.inference_mode()
     def forward(

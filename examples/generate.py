@@ -1,0 +1,17 @@
+"""Generate with the public Python API: one answer, then a streamed one.
+
+    python examples/generate.py
+"""
+
+from specgen import Pipeline, SamplingParams
+
+pipe = Pipeline.load()  # the embedded default (SmolLM2-135M-Instruct); works offline
+
+answer = pipe.generate("What is the capital of France?", max_new_tokens=32)
+print(answer.text)
+print(answer.stats.to_dict())
+
+sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=0)
+for chunk in pipe.stream("Write a haiku about the sea.", sampling=sampling, max_new_tokens=48):
+    print(chunk.text, end="", flush=True)
+print()

@@ -1,0 +1,95 @@
+"""End to end on the embedded default (SmolLM2-135M-Instruct, Q4_1 GGUF), fp32, offline.
+
+The reference is transformers itself: its GGUF reader, its model class and `generate`,
+fed the same chat-templated prompt. Our greedy tokens must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen.pipeline import Pipeline
+from specgen.text import Detokenizer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
+NEW_TOKENS = 32
+
+
+def _questions(ids):
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    return [r["turns"][0] for r in rows if r["question_id"] in ids]
+
+
+@pytest.fixture(scope="module")
+def pipe(embedded_dir):
+    os.environ.setdefault("SPECGEN_HOME", str(embedded_dir.parents[1]))
+    return Pipeline.load("smollm2-135m", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def reference(embedded_gguf):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, file = str(embedded_gguf.parent), embedded_gguf.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    return model.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=file)
+
+
+def test_the_alias_resolves_to_the_embedded_gguf(pipe):
+    assert pipe.name == "smollm2-135m" and pipe.model.args.num_layers == 30
+
+
+@pytest.mark.parametrize("question", _questions({111, 121, 321}))
+def test_greedy_tokens_identical_to_transformers_generate(pipe, reference, question):
+    model, tokenizer = reference
+    messages = [{"role": "user", "content": question}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    ids = list(prompt["input_ids"])
+    assert pipe.encode(question) == ids  # same template, same tokenizer
+    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = out[0, len(ids) :].tolist()
+    got = pipe.generate(question, max_new_tokens=NEW_TOKENS)
+    stop = [2] if got.stats.finish_reason == "stop" else []  # we do not emit the stop token
+    assert got.token_ids + stop == expected
+
+
+def test_detokenizer_on_the_real_tokenizer(pipe):
+    text = "Grüße aus Zürich — 東京タワー 🙂🚀 ok"
+    ids = pipe.codec.encode_raw(text)
+    detok = Detokenizer(pipe.codec)
+    pieces = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
+def _cli(args, stdin=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "specgen", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_cli_generate_on_the_default_model(pipe):
+    result = _cli(["generate", "What is the capital of France?", "-n", "16"])
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_cli_json_from_a_pipe_on_the_default_model(pipe):
+    result = _cli(["generate", "--json", "-n", "8"], stdin="Name a primary colour.\n")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["prompt"] == "Name a primary colour." and record["stats"]["new_tokens"] > 0

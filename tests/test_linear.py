@@ -1,0 +1,40 @@
+"""The CPU one-row split path of `linear` against its reference, on irregular shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.kernels.linear import _blocks, linear, linear_torch
+
+
+@pytest.mark.parametrize("out_features, in_features", [(960, 576), (49152, 64), (1000, 37), (256, 3), (7, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("lead", [(1,), (1, 1), (1, 1, 1)])
+def test_one_row_matches_reference(out_features, in_features, bias, lead):
+    gen = torch.Generator().manual_seed(out_features)
+    w = torch.randn(out_features, in_features, generator=gen)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    x = torch.randn(*lead, in_features, generator=gen)
+    got = linear(x, w, b)
+    assert got.shape == (*lead, out_features)
+    torch.testing.assert_close(got, linear_torch(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_several_rows_and_half_precision_take_the_plain_path():
+    w = torch.randn(512, 64)
+    x = torch.randn(1, 5, 64)
+    torch.testing.assert_close(linear(x, w, None), linear_torch(x, w, None))
+    xb, wb = x[:, :1].bfloat16(), w.bfloat16()
+    assert torch.equal(linear(xb, wb, None), linear_torch(xb, wb, None))
+
+
+def test_block_count_divides_and_keeps_blocks_large():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _blocks(49152) == 4 and _blocks(960) == 4
+        assert _blocks(100) == 1  # too small to be worth splitting
+        assert _blocks(7) == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -21,10 +21,11 @@ def run(*args, input=None):
 
 def assert_one_line_error(result, code, *fragments):
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    lines = result.stderr.strip().splitlines()  # status lines may come before the error
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
     for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+        assert fragment in errors[0], errors[0]
     assert "Traceback" not in result.stderr
 
 
@@ -127,6 +128,12 @@ def test_corrupt_checkpoint(tiny_llama, tmp_path):
     assert_one_line_error(run("generate", "hi", "--model", str(path), *FAST), 2, "corrupt")
 
 
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    assert_one_line_error(run("generate", "hi", "--model", str(bad)), 2, "not a readable GGUF")
+
+
 def test_empty_stdin(tiny_llama):
     result = run("generate", "--model", str(tiny_llama), *FAST, input="  \n")
     assert_one_line_error(result, 2, "stdin is empty")
@@ -186,3 +193,42 @@ def test_pull_unknown_alias_and_offline(monkeypatch):
     assert_one_line_error(run("pull", "gpt-9"), 2, "unknown model")
     result = run("pull", "qwen3-4b", "--no-drafters")  # HF_HUB_OFFLINE=1 in tests
     assert result.exit_code == 2 and "HF_HUB_OFFLINE" in result.stderr.splitlines()[-1]
+
+
+# --- Ctrl-C mid-answer -------------------------------------------------------------------
+
+
+def _interrupt_after(monkeypatch, chunks_before_interrupt):
+    """Make the next stream raise KeyboardInterrupt (as Ctrl-C does) after some chunks."""
+    from specgen.pipeline import Pipeline
+
+    real = Pipeline.stream_ids
+    state = {"armed": True}
+
+    def stream_ids(self, *args, **kwargs):
+        stream = real(self, *args, **kwargs)
+        for i, chunk in enumerate(stream):
+            if state["armed"] and i == chunks_before_interrupt:
+                state["armed"] = False
+                stream.close()  # the real generator unwinds as it would on a signal
+                raise KeyboardInterrupt
+            yield chunk
+
+    monkeypatch.setattr(Pipeline, "stream_ids", stream_ids)
+
+
+def test_ctrl_c_in_generate_keeps_the_partial_answer(tiny_llama, monkeypatch):
+    _interrupt_after(monkeypatch, 3)
+    result = run("generate", "The quick brown fox", "--json", "--model", str(tiny_llama), *FAST)
+    assert result.exit_code == 130
+    record = json.loads(result.stdout)
+    assert record["stats"]["finish_reason"] == "interrupted" and len(record["token_ids"]) == 3
+    assert result.stderr.strip() == "error: interrupted"
+
+
+def test_ctrl_c_in_chat_stops_the_answer_not_the_session(tiny_llama, monkeypatch):
+    _interrupt_after(monkeypatch, 2)
+    result = run("chat", "--model", str(tiny_llama), *FAST, input="first\nsecond\n/stats\n")
+    assert result.exit_code == 0, result.stderr
+    assert "[answer stopped]" in result.stderr
+    assert "2 answers" in result.stderr  # the stopped answer counts and the session went on

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
+from specgen.kernels.attention import attention
 from specgen.kernels.linear import linear
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.norm import rms_norm
@@ -81,9 +82,7 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qk, cos, sin)  # q and k heads together: one set of ops, not two
         q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)
         keys, values = cache.write(layer_id, k, v)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True
-        )
+        out = attention(q, keys, values, mask, causal)
         x = x + linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
         h = rms_norm(x, self.ffn_norm, eps)
         gate, up = linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)

@@ -121,8 +121,11 @@ def main() -> None:
 
     quiet_libraries()
     prompts = load_prompts(args.prompts, args.num_prompts)
-    results = [bench_dtype(args.model, d, prompts, args.max_new_tokens) for d in args.dtypes.split(",")]
-    print(f"{'dtype':<10} {'specgen tok/s':>14} {'transformers tok/s':>19} {'ratio':>7} {'identical':>10}")
+    results = [
+        bench_dtype(args.model, d, prompts, args.max_new_tokens) for d in args.dtypes.split(",")
+    ]
+    header = ("dtype", "specgen tok/s", "transformers tok/s", "ratio", "identical")
+    print(f"{header[0]:<10} {header[1]:>14} {header[2]:>19} {header[3]:>7} {header[4]:>10}")
     for r in results:
         print(
             f"{r['dtype']:<10} {r['specgen_tokens_per_second']:>14.2f} "

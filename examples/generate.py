@@ -1,6 +1,6 @@
 """Generate with the public Python API: one answer, then a streamed one.
 
-    python examples/generate.py
+python examples/generate.py
 """
 
 from specgen import Pipeline, SamplingParams

@@ -13,13 +13,12 @@ from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
+GREEDY = SamplingParams()
 
 
-def _run(model, prompt, n, stop=frozenset(), capacity=128, params=SamplingParams()):
+def _run(model, prompt, n, stop=frozenset(), capacity=128, params=GREEDY):
     cache = model.new_cache(capacity)
-    events = list(
-        generate_ar(model, cache, prompt, params=params, max_new_tokens=n, stop_ids=stop)
-    )
+    events = list(generate_ar(model, cache, prompt, params=params, max_new_tokens=n, stop_ids=stop))
     return [t for e in events for t in e.tokens], events[-1].finish, cache
 
 
@@ -83,13 +82,17 @@ def pipe(tiny_llama):
 def test_prompt_longer_than_the_context_is_refused(tiny_llama):
     small = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32", context=8)
     with pytest.raises(PromptError, match="context limit is 8"):
-        small.generate("this prompt is certainly longer than eight tokens of the tiny model", raw=True)
+        small.generate(
+            "this prompt is certainly longer than eight tokens of the tiny model", raw=True
+        )
 
 
 def test_session_reuses_the_shared_prefix_without_changing_the_output(pipe):
     first = pipe.generate("The quick brown fox", raw=True, max_new_tokens=8)
     second = pipe.generate("The quick brown fox jumps", raw=True, max_new_tokens=8)
-    fresh = pipe.generate("The quick brown fox jumps", raw=True, max_new_tokens=8, session=pipe.new_session())
+    fresh = pipe.generate(
+        "The quick brown fox jumps", raw=True, max_new_tokens=8, session=pipe.new_session()
+    )
     assert second.token_ids == fresh.token_ids
     assert second.stats.prefill_tokens < second.stats.prompt_tokens
     assert first.stats.prefill_tokens == first.stats.prompt_tokens
@@ -97,12 +100,18 @@ def test_session_reuses_the_shared_prefix_without_changing_the_output(pipe):
 
 def test_an_abandoned_stream_leaves_the_session_consistent(pipe):
     session = pipe.new_session()
-    stream = pipe.stream("Speculative decoding drafts", raw=True, max_new_tokens=12, session=session)
+    stream = pipe.stream(
+        "Speculative decoding drafts", raw=True, max_new_tokens=12, session=session
+    )
     next(stream), next(stream), next(stream)
     stream.close()  # what Ctrl-C or a consumer that stops reading does
     assert session.cache.length == len(session.ids)
-    again = pipe.generate("Speculative decoding drafts", raw=True, max_new_tokens=12, session=session)
-    fresh = pipe.generate("Speculative decoding drafts", raw=True, max_new_tokens=12, session=pipe.new_session())
+    again = pipe.generate(
+        "Speculative decoding drafts", raw=True, max_new_tokens=12, session=session
+    )
+    fresh = pipe.generate(
+        "Speculative decoding drafts", raw=True, max_new_tokens=12, session=pipe.new_session()
+    )
     assert again.token_ids == fresh.token_ids
 
 

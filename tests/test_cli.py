@@ -44,8 +44,14 @@ def test_generate_json_from_stdin(tiny_llama):
     record = json.loads(result.stdout)
     assert record["prompt"] == "Hello there"
     assert set(record) == {"prompt", "text", "token_ids", "stats"}
-    for key in ("new_tokens", "seconds", "tokens_per_second", "steps", "acceptance_length",
-                "accepted_per_position"):
+    for key in (
+        "new_tokens",
+        "seconds",
+        "tokens_per_second",
+        "steps",
+        "acceptance_length",
+        "accepted_per_position",
+    ):
         assert key in record["stats"]
     assert record["stats"]["new_tokens"] == len(record["token_ids"])
 
@@ -65,8 +71,7 @@ def test_prompt_file_txt_and_stdin_lines(tiny_llama, tmp_path):
     prompts.write_text("one\n\ntwo\n")
     result = run("generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST)
     assert [json.loads(x)["prompt"] for x in result.stdout.splitlines()] == ["one", "two"]
-    result = run("generate", "-f", "-", "--json", "--model", str(tiny_llama), *FAST,
-                 input="a\nb\n")
+    result = run("generate", "-f", "-", "--json", "--model", str(tiny_llama), *FAST, input="a\nb\n")
     assert [json.loads(x)["prompt"] for x in result.stdout.splitlines()] == ["a", "b"]
 
 
@@ -152,7 +157,9 @@ def test_prompt_file_with_invalid_utf8_reports_the_line(tmp_path):
 
 
 def test_prompt_file_missing_or_malformed(tmp_path):
-    assert_one_line_error(run("generate", "-f", str(tmp_path / "nope.txt")), 2, "no such prompt file")
+    assert_one_line_error(
+        run("generate", "-f", str(tmp_path / "nope.txt")), 2, "no such prompt file"
+    )
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "ok"}\n{broken\n')
     assert_one_line_error(run("generate", "-f", str(bad)), 2, "line 2 is not valid JSON")

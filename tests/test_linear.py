@@ -8,7 +8,9 @@ import torch
 from specgen.kernels.linear import _blocks, linear, linear_torch
 
 
-@pytest.mark.parametrize("out_features, in_features", [(960, 576), (49152, 64), (1000, 37), (256, 3), (7, 5)])
+@pytest.mark.parametrize(
+    "out_features, in_features", [(960, 576), (49152, 64), (1000, 37), (256, 3), (7, 5)]
+)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("lead", [(1,), (1, 1), (1, 1, 1)])
 def test_one_row_matches_reference(out_features, in_features, bias, lead):

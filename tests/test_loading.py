@@ -53,7 +53,9 @@ def test_misshaped_tensor_is_named(tiny_llama, tmp_path):
     tensors = load_file(path / "model.safetensors")
     tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
     save_file(tensors, path / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"k_proj\.weight has shape \(16, 64\), expected \(32, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"k_proj\.weight has shape \(16, 64\), expected \(32, 64\)"
+    ):
         load_target(path, dtype=torch.float32, device="cpu")
 
 
@@ -71,7 +73,9 @@ def test_corrupt_weights_file(tiny_llama, tmp_path, damage):
     path = _copy(tiny_llama, tmp_path / "m")
     weights = path / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(b"not a safetensors file" if damage == "garbage" else data[: len(data) // 2])
+    weights.write_bytes(
+        b"not a safetensors file" if damage == "garbage" else data[: len(data) // 2]
+    )
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_target(path, dtype=torch.float32, device="cpu")
 

@@ -48,7 +48,9 @@ def test_tied_embeddings_and_llama3_rope(tmp_path):
     ids = torch.randint(0, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
     ref_logits, _ = _reference(hf, ids)
     ours = load_target(tmp_path, dtype=torch.float32, device="cpu")
-    torch.testing.assert_close(ours(ids, ours.new_cache(64)).logits, ref_logits, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(ids, ours.new_cache(64)).logits, ref_logits, atol=2e-5, rtol=1e-5
+    )
 
 
 def test_num_logits_returns_the_last_positions(tiny_llama):

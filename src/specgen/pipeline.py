@@ -1,9 +1,9 @@
 """The public entry point: a loaded target, its tokenizer, and generation on top.
 
-    pipe = Pipeline.load("smollm2-135m")
-    print(pipe.generate("Why is the sky blue?", max_new_tokens=64).text)
-    for chunk in pipe.stream("Tell me a joke"):
-        print(chunk.text, end="", flush=True)
+pipe = Pipeline.load("smollm2-135m")
+print(pipe.generate("Why is the sky blue?", max_new_tokens=64).text)
+for chunk in pipe.stream("Tell me a joke"):
+    print(chunk.text, end="", flush=True)
 """
 
 from __future__ import annotations

@@ -59,8 +59,6 @@ class GenStats:
             "steps": self.steps,
             "acceptance_length": round(self.acceptance_length, 3),
             # fraction of steps whose k-th draft token was accepted (empty for AR)
-            "accepted_per_position": [
-                round(c / self.steps, 4) for c in self.accepted_per_position
-            ],
+            "accepted_per_position": [round(c / self.steps, 4) for c in self.accepted_per_position],
             "finish_reason": self.finish_reason,
         }

@@ -11,10 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import typer
-
 from specgen import display
-from specgen.cli.common import load_pipeline, user_errors
+from specgen.cli.common import load_pipeline, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
     ContextOpt,
@@ -83,9 +81,7 @@ def chat(
 ) -> None:
     """Chat with the model; reads turns from the terminal or, line by line, from a pipe."""
     with user_errors(debug):
-        if max_new_tokens < 1:
-            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
         pipe = load_pipeline(model, device=device, dtype=dtype, context=context, quiet=quiet)
         interactive = sys.stdin.isatty()
         if interactive and not quiet:

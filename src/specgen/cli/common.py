@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import typer
 
 from specgen import display
+from specgen.config import SamplingParams
 from specgen.errors import SpecgenError
 
 
@@ -51,3 +52,12 @@ def load_pipeline(model: str, *, device: str, dtype: str, context: int | None, q
 
     notify = None if quiet else display.status
     return Pipeline.load(model, device=device, dtype=dtype, context=context, notify=notify)
+
+
+def sampling_options(
+    max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None
+) -> SamplingParams:
+    """Check the generation options before anything slow happens (loading a model)."""
+    if max_new_tokens < 1:
+        raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from specgen import display
-from specgen.cli.common import load_pipeline, user_errors
+from specgen.cli.common import load_pipeline, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
     ContextOpt,
@@ -78,9 +78,7 @@ def generate(
 ) -> None:
     """Generate an answer for each prompt and stream it to stdout."""
     with user_errors(debug):
-        if max_new_tokens < 1:
-            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
         prompts = _collect_prompts(prompt, prompt_file)
         pipe = load_pipeline(model, device=device, dtype=dtype, context=context, quiet=quiet)
         answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet)

@@ -18,7 +18,9 @@ class Method(str, Enum):
 ModelOpt = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="Alias (see `specgen models`), local directory, .gguf file or Hub repo."
+        "--model",
+        "-m",
+        help="Alias (see `specgen models`), local directory, .gguf file or Hub repo.",
     ),
 ]
 MethodOpt = Annotated[Method, typer.Option("--method", help="Decoding method.")]
@@ -36,9 +38,7 @@ SeedOpt = Annotated[
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")]
 DtypeOpt = Annotated[
     str,
-    typer.Option(
-        "--dtype", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16."
-    ),
+    typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16."),
 ]
 ContextOpt = Annotated[
     int | None,

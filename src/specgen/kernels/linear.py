@@ -25,9 +25,7 @@ def linear_torch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
 
 def _blocks(out_features: int) -> int:
     blocks = 2 * torch.get_num_threads()  # two per thread balances uneven cores
-    while blocks > 1 and (
-        out_features % blocks or out_features // blocks < _MIN_ROWS_PER_BLOCK
-    ):
+    while blocks > 1 and (out_features % blocks or out_features // blocks < _MIN_ROWS_PER_BLOCK):
         blocks //= 2
     return blocks
 

@@ -104,9 +104,7 @@ class Transformer(nn.Module):
         self.args = args
         self.dtype = dtype
         self.embed = _weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
-        self.layers = nn.ModuleList(
-            DecoderLayer(args, dtype, dev) for _ in range(args.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(args, dtype, dev) for _ in range(args.num_layers))
         self.norm = _weight(args.hidden_size, dtype=dtype, device=dev)
         self.lm_head = (
             self.embed  # tied: the same storage

@@ -79,6 +79,7 @@ def bench_dtype(model: str, dtype_name: str, prompts: list[str], max_new: int) -
                 "specgen_tps": len(ours) / t_ours,
                 "transformers_tps": len(theirs) / t_theirs,
                 "identical": ours == theirs,
+                "tokens": (ours, theirs),
             }
         )
         print(
@@ -99,6 +100,7 @@ def bench_dtype(model: str, dtype_name: str, prompts: list[str], max_new: int) -
         "transformers_tokens_per_second": round(theirs_tps, 2),
         "speedup": round(ours_tps / theirs_tps, 3),
         "identical_outputs": sum(r["identical"] for r in rows),
+        "outputs": [r["tokens"] for r in rows],  # (specgen, transformers) per prompt
     }
 
 
@@ -124,14 +126,30 @@ def main() -> None:
     results = [
         bench_dtype(args.model, d, prompts, args.max_new_tokens) for d in args.dtypes.split(",")
     ]
+    exact = next((r for r in results if r["dtype"] == "float32"), None)
+    reference = [ours for ours, _ in exact["outputs"]] if exact else None
+    for r in results:
+        outputs = r.pop("outputs")
+        if reference is not None and r is not exact:
+            # Half precision cannot promise fp32's tokens (near-ties flip); say how often
+            # each engine still produces them.
+            pairs = list(zip(outputs, reference, strict=True))
+            r["specgen_matches_fp32"] = sum(ours == ref for (ours, _), ref in pairs)
+            r["transformers_matches_fp32"] = sum(theirs == ref for (_, theirs), ref in pairs)
     header = ("dtype", "specgen tok/s", "transformers tok/s", "ratio", "identical")
     print(f"{header[0]:<10} {header[1]:>14} {header[2]:>19} {header[3]:>7} {header[4]:>10}")
     for r in results:
-        print(
+        line = (
             f"{r['dtype']:<10} {r['specgen_tokens_per_second']:>14.2f} "
             f"{r['transformers_tokens_per_second']:>19.2f} {r['speedup']:>6.2f}x "
             f"{r['identical_outputs']:>6}/{r['prompts']}"
         )
+        if "specgen_matches_fp32" in r:
+            line += (
+                f"   same tokens as fp32: specgen {r['specgen_matches_fp32']}/{r['prompts']},"
+                f" transformers {r['transformers_matches_fp32']}/{r['prompts']}"
+            )
+        print(line)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "model": args.model}
     print(json.dumps({"benchmark": "ar_vs_transformers", **meta, "results": results}))
 

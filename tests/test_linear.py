@@ -12,7 +12,7 @@ from specgen.kernels.linear import _blocks, linear, linear_torch
     "out_features, in_features", [(960, 576), (49152, 64), (1000, 37), (256, 3), (7, 5)]
 )
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("lead", [(1,), (1, 1), (1, 1, 1)])
+@pytest.mark.parametrize("lead", [(1,), (1, 1), (1, 1, 1), (1, 5), (2, 3), (1, 16)])
 def test_one_row_matches_reference(out_features, in_features, bias, lead):
     gen = torch.Generator().manual_seed(out_features)
     w = torch.randn(out_features, in_features, generator=gen)
@@ -23,10 +23,10 @@ def test_one_row_matches_reference(out_features, in_features, bias, lead):
     torch.testing.assert_close(got, linear_torch(x, w, b), atol=1e-4, rtol=1e-5)
 
 
-def test_several_rows_and_half_precision_take_the_plain_path():
+def test_many_rows_and_half_precision_take_the_plain_path():
     w = torch.randn(512, 64)
-    x = torch.randn(1, 5, 64)
-    torch.testing.assert_close(linear(x, w, None), linear_torch(x, w, None))
+    x = torch.randn(1, 40, 64)
+    assert torch.equal(linear(x, w, None), linear_torch(x, w, None))
     xb, wb = x[:, :1].bfloat16(), w.bfloat16()
     assert torch.equal(linear(xb, wb, None), linear_torch(xb, wb, None))
 

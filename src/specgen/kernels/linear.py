@@ -1,13 +1,13 @@
-"""y = x W^T + b, with a faster path for one-token steps on the CPU.
+"""y = x W^T + b, with a faster path for a few rows on the CPU.
 
-On the CPU, BLAS runs a matrix-vector product (one token, the whole of AR decoding) on a
-single thread, so a decode step uses one core of the machine's memory bandwidth. Viewing
-W [out, in] as S stacked blocks [S, out/S, in] (a free view of the same memory) turns the
-product into a batched one that torch spreads over all its threads: each thread streams
-its own rows of W. Measured on a 2-core AMD EPYC at SmolLM2-135M shapes in fp32: a whole
-decode step's matmuls take 29 ms instead of 55 ms (benchmarks/ar_vs_transformers.py shows
-the end-to-end effect). Prefill and verify blocks (several rows) already run multi-threaded
-in BLAS and take the plain path, as do bf16/fp16, whose one-row kernel is threaded.
+On the CPU, BLAS runs a product with one or a few rows (a decode step, a verify block)
+essentially on one thread, so the step uses one core's share of memory bandwidth and
+compute. Viewing W [out, in] as S stacked blocks [S, out/S, in] (a free view of the same
+memory) turns it into a batched product that torch spreads over all its threads, each
+streaming its own rows of W. Measured on a 2-core AMD EPYC at SmolLM2-135M shapes in fp32,
+all matmuls of one step: 1 row 60 -> 28 ms, 4 rows 71 -> 40 ms, 11 rows 124 -> 62 ms. A
+prefill (many rows) is already threaded by BLAS and takes the plain path, as do bf16/fp16,
+whose few-row kernels are threaded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+MAX_SPLIT_ROWS = 16  # up to a verify block; beyond, BLAS threads well on its own
 _MIN_ROWS_PER_BLOCK = 64  # below this the batching overhead outweighs the gain
 
 
@@ -36,13 +37,15 @@ def linear(
     b: torch.Tensor | None,  # [out]
 ) -> torch.Tensor:  # [..., out]
     out_features, in_features = w.shape
-    # Half precision already has a multi-threaded one-row kernel; batching it is slower.
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() != in_features:
+    rows = x.numel() // in_features
+    if x.device.type != "cpu" or x.dtype != torch.float32 or rows > MAX_SPLIT_ROWS:
         return F.linear(x, w, b)
     blocks = _blocks(out_features)
     if blocks == 1:
         return F.linear(x, w, b)
-    xs = x.reshape(1, 1, in_features).expand(blocks, 1, in_features)
+    xs = x.reshape(1, rows, in_features).expand(blocks, rows, in_features)
     ws = w.view(blocks, out_features // blocks, in_features).transpose(1, 2)
-    y = torch.bmm(xs, ws).view(*x.shape[:-1], out_features)
+    y = torch.bmm(xs, ws)  # [blocks, rows, out/blocks]
+    y = y.view(out_features, 1) if rows == 1 else y.transpose(0, 1).reshape(rows, out_features)
+    y = y.view(*x.shape[:-1], out_features)
     return y if b is None else y + b

@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton kernels run on the CPU through Triton's interpreter; the flag must be set before
+# any kernel is defined (at import of specgen.kernels.*). A GPU machine runs them for real.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 FAMILIES = ("llama", "qwen2", "qwen3")
 TINY_VOCAB = 320
 CHATML = (

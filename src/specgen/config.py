@@ -151,3 +151,22 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which decoding method runs, and its drafting knobs.
+
+    `method` is "ar" (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
+    `draft_tokens` caps the tokens drafted per step (None: the method's default).
+    `schedule` trims each draft to the verify length with the best expected tokens per
+    second (measured costs + acceptance so far); off, every draft is verified whole.
+    """
+
+    method: str = "ar"
+    draft_tokens: int | None = None
+    schedule: bool = True
+
+    def __post_init__(self) -> None:
+        if self.draft_tokens is not None and self.draft_tokens < 1:
+            raise SpecgenError(f"--draft-tokens must be at least 1 (got {self.draft_tokens})")

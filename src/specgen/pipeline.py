@@ -14,14 +14,18 @@ from typing import Any
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.config import SamplingParams, SpecConfig
+from specgen.drafting import DRAFTERS
 from specgen.engine.ar import generate_ar
+from specgen.engine.loop import generate_speculative
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
 from specgen.hub import Notify, resolve_model
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
 from specgen.registry import DEFAULT_ALIAS
+from specgen.scheduling.cost import CostTable, cached_costs
+from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.stats import GenStats
 from specgen.text import Detokenizer, TextCodec
 
@@ -33,6 +37,8 @@ DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+
+METHODS = ("ar", *DRAFTERS)  # what --method accepts: plain decoding + registered drafters
 
 DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
 
@@ -85,11 +91,27 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 class Pipeline:
-    def __init__(self, model: Transformer, codec: TextCodec, name: str, context: int) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        codec: TextCodec,
+        name: str,
+        context: int,
+        spec: SpecConfig | None = None,
+        costs: CostTable | None = None,
+    ) -> None:
+        """Usually made by `load`. `costs` (measured verify times) enables trimming drafts
+        to the best verify length; without it every draft is verified whole."""
         self.model = model
         self.codec = codec
         self.name = name
         self.context = context
+        self.spec = spec or SpecConfig()
+        if self.spec.method not in METHODS:
+            raise SpecgenError(
+                f"unknown method {self.spec.method!r}; available: {', '.join(METHODS)}"
+            )
+        self.costs = costs
         self.session = self.new_session()
 
     @classmethod
@@ -100,14 +122,19 @@ class Pipeline:
         device: str = "auto",
         dtype: str = "auto",
         context: int | None = None,
+        spec: SpecConfig | None = None,
         notify: Notify | None = None,
     ) -> Pipeline:
         """Resolve `model` (alias, path, .gguf or Hub repo) and load it.
 
         Args:
             context: KV-cache capacity in tokens; default min(model limit, 8192).
+            spec: the decoding method and its knobs (default: plain AR).
             notify: called with one-line progress messages (conversion, download).
         """
+        spec = spec or SpecConfig()
+        if spec.method not in METHODS:  # before the slow part
+            raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
         resolved = resolve_model(model, notify=notify)
         dev = resolve_device(device)
         target = load_target(
@@ -117,11 +144,22 @@ class Pipeline:
         if context is not None and not 1 < context <= limit:
             raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
-        return cls(target, codec, resolved.name, context or min(limit, DEFAULT_CONTEXT))
+        costs = None
+        if spec.method != "ar" and spec.schedule:
+            drafter = DRAFTERS[spec.method].from_spec(target, spec)
+            key = f"{resolved.name}|{resolved.path}"
+            costs = cached_costs(target, key, drafter.max_draft_tokens, notify)
+        context = context or min(limit, DEFAULT_CONTEXT)
+        return cls(target, codec, resolved.name, context, spec, costs)
 
     def new_session(self) -> Session:
-        """A fresh KV cache, e.g. for an independent chat."""
-        return Session(self.model, self.context)
+        """A fresh KV cache (and drafter state), e.g. for an independent chat."""
+        method = self.spec.method
+        if method == "ar":
+            return Session(self.model, self.context)
+        drafter = DRAFTERS[method].from_spec(self.model, self.spec)
+        scheduler = VerifyScheduler(self.costs) if self.costs is not None else None
+        return Session(self.model, self.context, drafter, scheduler)
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
@@ -164,17 +202,31 @@ class Pipeline:
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
         detok = Detokenizer(self.codec)
         output: list[int] = []
-        try:
-            for event in generate_ar(
+        params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
+        if session.drafter is None:
+            events = generate_ar(
                 self.model,
                 session.cache,
                 new_ids,
-                params=sampling or SamplingParams(),
+                params=params,
                 max_new_tokens=max_new_tokens,
-                stop_ids=self.codec.stop_ids,
-            ):
+                stop_ids=stop_ids,
+            )
+        else:
+            events = generate_speculative(
+                self.model,
+                session.cache,
+                session.drafter,
+                new_ids,
+                params=params,
+                max_new_tokens=max_new_tokens,
+                stop_ids=stop_ids,
+                scheduler=session.scheduler,
+            )
+        try:
+            for event in events:
                 output.extend(event.tokens)
-                stats.record_step(len(event.tokens), event.accepted, event.finish)
+                stats.record_step(len(event.tokens), event.drafted, event.accepted, event.finish)
                 text = detok.push(list(event.tokens))
                 if event.finish is not None:
                     text += detok.flush()

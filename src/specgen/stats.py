@@ -17,25 +17,26 @@ class GenStats:
     prefill_tokens: int = 0  # prompt tokens actually run (the rest came from the cache)
     new_tokens: int = 0
     steps: int = 0
+    drafted: int = 0
     accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)  # steps drafting >= k+1
     accepted_per_position: list[int] = field(default_factory=list)  # steps accepting >= k+1
     seconds: float = 0.0  # from the start of the prefill to the last token
     ttft_seconds: float | None = None  # time to first token (prefill + first sample)
     finish_reason: str | None = None
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
-    def record_step(self, tokens: int, accepted: int, finish: str | None) -> None:
+    def record_step(self, tokens: int, drafted: int, accepted: int, finish: str | None) -> None:
         now = time.perf_counter() - self._start
         if self.ttft_seconds is None:
             self.ttft_seconds = now
         self.seconds = now
         self.new_tokens += tokens
         self.steps += 1
+        self.drafted += drafted
         self.accepted += accepted
-        for k in range(accepted):
-            if k == len(self.accepted_per_position):
-                self.accepted_per_position.append(0)
-            self.accepted_per_position[k] += 1
+        _count_positions(self.drafted_per_position, drafted)
+        _count_positions(self.accepted_per_position, accepted)
         if finish is not None:
             self.finish_reason = finish
 
@@ -47,6 +48,14 @@ class GenStats:
     def acceptance_length(self) -> float:
         """τ: accepted draft tokens + 1 (the bonus) per step, averaged over steps."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def acceptance_per_position(self) -> list[float]:
+        """For each draft position k: of the steps that drafted a k-th token, the fraction
+        whose k-th token was accepted (empty for AR)."""
+        return [
+            round(a / d, 4)
+            for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=False)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,3 +71,10 @@ class GenStats:
             "accepted_per_position": [round(c / self.steps, 4) for c in self.accepted_per_position],
             "finish_reason": self.finish_reason,
         }
+
+
+def _count_positions(counts: list[int], n: int) -> None:
+    """counts[k] += 1 for k < n, growing the list as needed."""
+    counts.extend([0] * (n - len(counts)))
+    for k in range(n):
+        counts[k] += 1

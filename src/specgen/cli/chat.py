@@ -18,6 +18,7 @@ from specgen.cli.options import (
     ContextOpt,
     DebugOpt,
     DeviceOpt,
+    DraftTokensOpt,
     DtypeOpt,
     MaxNewTokensOpt,
     Method,
@@ -30,7 +31,7 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
 )
-from specgen.config import SamplingParams
+from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
 from specgen.stats import GenStats
 
@@ -67,6 +68,7 @@ class SessionTotals:
 def chat(
     model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = Method.ar,
+    draft_tokens: DraftTokensOpt = None,
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -82,7 +84,10 @@ def chat(
     """Chat with the model; reads turns from the terminal or, line by line, from a pipe."""
     with user_errors(debug):
         sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
-        pipe = load_pipeline(model, device=device, dtype=dtype, context=context, quiet=quiet)
+        spec = SpecConfig(method=method.value, draft_tokens=draft_tokens)
+        pipe = load_pipeline(
+            model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
+        )
         interactive = sys.stdin.isatty()
         if interactive and not quiet:
             display.status(f"{pipe.name} · {HELP}")

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import typer
 
 from specgen import display
-from specgen.config import SamplingParams
+from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
 
 
@@ -45,13 +45,23 @@ def quiet_libraries() -> None:
     logging.set_verbosity_error()
 
 
-def load_pipeline(model: str, *, device: str, dtype: str, context: int | None, quiet: bool):
-    """Load the target, reporting slow one-off work (GGUF conversion, downloads)."""
+def load_pipeline(
+    model: str,
+    *,
+    spec: SpecConfig,
+    device: str,
+    dtype: str,
+    context: int | None,
+    quiet: bool,
+):
+    """Load the target (and drafter), reporting slow one-off work (conversion, downloads)."""
     quiet_libraries()
     from specgen.pipeline import Pipeline
 
     notify = None if quiet else display.status
-    return Pipeline.load(model, device=device, dtype=dtype, context=context, notify=notify)
+    return Pipeline.load(
+        model, device=device, dtype=dtype, context=context, spec=spec, notify=notify
+    )
 
 
 def sampling_options(

@@ -15,6 +15,7 @@ from specgen.cli.options import (
     ContextOpt,
     DebugOpt,
     DeviceOpt,
+    DraftTokensOpt,
     DtypeOpt,
     JsonOpt,
     MaxNewTokensOpt,
@@ -30,7 +31,7 @@ from specgen.cli.options import (
     TopPOpt,
 )
 from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
-from specgen.config import SamplingParams
+from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import PromptError, SpecgenError
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def generate(
     ] = None,
     model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = Method.ar,
+    draft_tokens: DraftTokensOpt = None,
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -80,7 +82,10 @@ def generate(
     with user_errors(debug):
         sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
         prompts = _collect_prompts(prompt, prompt_file)
-        pipe = load_pipeline(model, device=device, dtype=dtype, context=context, quiet=quiet)
+        spec = SpecConfig(method=method.value, draft_tokens=draft_tokens)
+        pipe = load_pipeline(
+            model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
+        )
         answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet)
         failures = 0
         for text in prompts:

@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
+from specgen.drafting import DRAFTERS
 from specgen.registry import DEFAULT_ALIAS
 
-
-class Method(str, Enum):
-    # Only methods that work are listed; each later method adds itself here as it lands.
-    ar = "ar"
+# Only methods that work are offered: plain AR plus every registered drafter.
+Method = Enum("Method", {name: name for name in ("ar", *DRAFTERS)}, type=str)
 
 
 ModelOpt = Annotated[
@@ -23,7 +22,15 @@ ModelOpt = Annotated[
         help="Alias (see `specgen models`), local directory, .gguf file or Hub repo.",
     ),
 ]
-MethodOpt = Annotated[Method, typer.Option("--method", help="Decoding method.")]
+MethodOpt = Annotated[
+    Method, typer.Option("--method", help="Decoding method (ar = no speculation).")
+]
+DraftTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--draft-tokens", "-k", help="Most tokens drafted per step (default: per method)."
+    ),
+]
 MaxNewTokensOpt = Annotated[
     int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate per answer.")
 ]

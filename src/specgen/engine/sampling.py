@@ -19,26 +19,34 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def probabilities(
+def filter_logits(
     logits: torch.Tensor,  # [..., V]
     params: SamplingParams,
-) -> torch.Tensor:  # [..., V] fp32, rows sum to 1
-    """Softmax of logits / T after top-k and top-p filtering (transformers' order)."""
-    scores = logits.float() / params.temperature
-    vocab = scores.shape[-1]
+) -> torch.Tensor:  # [..., V] fp32; filtered-out entries are -inf
+    """Apply top-k and top-p (on the temperature-scaled distribution), transformers' order."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = sorted_scores.softmax(dim=-1)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = (sorted_logits / params.temperature).softmax(dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p; the most
         # likely token always survives.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop = mass_before >= params.top_p
         drop[..., 0] = False
-        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return scores.softmax(dim=-1)
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def probabilities(
+    logits: torch.Tensor,  # [..., V]
+    params: SamplingParams,
+) -> torch.Tensor:  # [..., V] fp32, rows sum to 1
+    """The distribution the target samples from: softmax(filtered logits / T)."""
+    return (filter_logits(logits, params) / params.temperature).softmax(dim=-1)
 
 
 def sample(

@@ -8,13 +8,23 @@ K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
 
 from __future__ import annotations
 
+from specgen.drafting.base import Drafter
 from specgen.models.kv_cache import ContextLimitError
 from specgen.models.transformer import Transformer
+from specgen.scheduling.scheduler import VerifyScheduler
 
 
 class Session:
-    def __init__(self, model: Transformer, capacity: int) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        capacity: int,
+        drafter: Drafter | None = None,
+        scheduler: VerifyScheduler | None = None,
+    ) -> None:
         self.cache = model.new_cache(capacity)
+        self.drafter = drafter  # its context mirrors the cache: rolled back with it
+        self.scheduler = scheduler  # acceptance estimates of this conversation
         self.ids: list[int] = []  # tokens whose K/V are in the cache, in order
 
     @property
@@ -33,16 +43,21 @@ class Session:
         limit = min(len(self.ids), len(prompt_ids) - 1)
         while keep < limit and self.ids[keep] == prompt_ids[keep]:
             keep += 1
-        self.cache.rollback(keep)
+        self._rollback(keep)
         self.ids = list(prompt_ids[:keep])
         return list(prompt_ids[keep:])
 
     def settle(self, sequence: list[int]) -> None:
         """After generating `sequence` (prompt + output), trust only what the cache holds."""
         n = min(self.cache.length, len(sequence))
-        self.cache.rollback(n)
+        self._rollback(n)
         self.ids = list(sequence[:n])
 
     def reset(self) -> None:
-        self.cache.reset()
+        self._rollback(0)
         self.ids = []
+
+    def _rollback(self, length: int) -> None:
+        self.cache.rollback(length)
+        if self.drafter is not None:
+            self.drafter.rollback(length)

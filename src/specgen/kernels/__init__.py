@@ -1,0 +1,36 @@
+"""Compute kernels. Each module holds `<op>_torch` (the reference), the Triton kernel, and a
+wrapper that dispatches on the backend chosen once per process:
+
+    SPECGEN_KERNELS=torch|triton   (default: triton when CUDA and Triton are available)
+
+Triton kernels are tested on the CPU with TRITON_INTERPRET=1 against their references.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+from specgen.errors import SpecgenError
+
+BACKENDS = ("torch", "triton")
+
+
+@functools.cache
+def backend() -> str:
+    """The kernel backend for this process (read once)."""
+    choice = os.environ.get("SPECGEN_KERNELS", "auto").strip().lower()
+    if choice not in ("auto", *BACKENDS):
+        raise SpecgenError(f"SPECGEN_KERNELS must be torch, triton or auto (got {choice!r})")
+    if choice != "auto":
+        if choice == "triton" and not triton_available():
+            raise SpecgenError("SPECGEN_KERNELS=triton but Triton is not installed")
+        return choice
+    import torch
+
+    return "triton" if torch.cuda.is_available() and triton_available() else "torch"
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None

@@ -1,13 +1,21 @@
-"""y = x W^T + b, with a faster path for a few rows on the CPU.
+"""y = x W^T + b, with faster paths for the few-row products of decoding on the CPU.
 
-On the CPU, BLAS runs a product with one or a few rows (a decode step, a verify block)
-essentially on one thread, so the step uses one core's share of memory bandwidth and
-compute. Viewing W [out, in] as S stacked blocks [S, out/S, in] (a free view of the same
-memory) turns it into a batched product that torch spreads over all its threads, each
-streaming its own rows of W. Measured on a 2-core AMD EPYC at SmolLM2-135M shapes in fp32,
-all matmuls of one step: 1 row 60 -> 28 ms, 4 rows 71 -> 40 ms, 11 rows 124 -> 62 ms. A
-prefill (many rows) is already threaded by BLAS and takes the plain path, as do bf16/fp16,
-whose few-row kernels are threaded.
+A decode step multiplies one row (a verify block: a few rows) by every weight matrix; the
+step is bound by streaming W from memory. How BLAS (MKL) handles those shapes on the CPU
+decides whether that streaming uses the whole memory bandwidth:
+
+- 1 row: `F.linear` is a matrix-vector product BLAS runs on one thread. Viewing W [out, in]
+  as S blocks [S, out/S, in] (the same memory) and multiplying W-side-first, W @ x^T, as a
+  batch spreads it over all threads and streams W at full bandwidth.
+- 2..8 rows: W @ x^T (W as the left operand, few columns) is threaded by BLAS and streams
+  W once; x @ W^T, what `F.linear` does, is several times slower for these shapes.
+- 9..16 rows: the batched split on the x side is fastest.
+- more rows (a prefill): plain `F.linear`, compute-bound and well threaded.
+
+Measured on a 2-core AMD EPYC (AVX2), all matmuls of one SmolLM2-135M step in fp32
+(ms, `F.linear` -> this module): 1 row 53 -> 19, 2 rows 102 -> 22, 4 rows 71 -> 30,
+8 rows 69 -> 54, 11 rows 94 -> 67. bf16/fp16 keep `F.linear`: their few-row kernels are
+already threaded, and batching them is slower.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+MAX_W_LEFT_ROWS = 8  # up to here W @ x^T wins
 MAX_SPLIT_ROWS = 16  # up to a verify block; beyond, BLAS threads well on its own
 _MIN_ROWS_PER_BLOCK = 64  # below this the batching overhead outweighs the gain
 
@@ -40,12 +49,21 @@ def linear(
     rows = x.numel() // in_features
     if x.device.type != "cpu" or x.dtype != torch.float32 or rows > MAX_SPLIT_ROWS:
         return F.linear(x, w, b)
+    flat = x.reshape(rows, in_features)
     blocks = _blocks(out_features)
-    if blocks == 1:
+    if rows == 1 and blocks > 1:
+        ws = w.view(blocks, out_features // blocks, in_features)
+        # flat.t() (strides (1, in)), not a (in, 1) view with strides (1, 1): BLAS takes a
+        # 5x slower path for the latter, although the two hold the same numbers.
+        y = torch.bmm(ws, flat.t().expand(blocks, in_features, 1))
+        y = y.view(1, out_features)
+    elif rows <= MAX_W_LEFT_ROWS:
+        y = torch.mm(w, flat.t()).t().contiguous()
+    elif blocks > 1:
+        xs = flat.view(1, rows, in_features).expand(blocks, rows, in_features)
+        ws = w.view(blocks, out_features // blocks, in_features).transpose(1, 2)
+        y = torch.bmm(xs, ws).transpose(0, 1).reshape(rows, out_features)
+    else:
         return F.linear(x, w, b)
-    xs = x.reshape(1, rows, in_features).expand(blocks, rows, in_features)
-    ws = w.view(blocks, out_features // blocks, in_features).transpose(1, 2)
-    y = torch.bmm(xs, ws)  # [blocks, rows, out/blocks]
-    y = y.view(out_features, 1) if rows == 1 else y.transpose(0, 1).reshape(rows, out_features)
     y = y.view(*x.shape[:-1], out_features)
     return y if b is None else y + b

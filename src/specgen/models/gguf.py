@@ -11,19 +11,13 @@ place, so an interrupted conversion never leaves a half-written cache behind.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from specgen.errors import CheckpointError
-
-
-def specgen_home() -> Path:
-    """Where specgen keeps what it derives (converted GGUFs); never the HF Hub cache."""
-    env = os.environ.get("SPECGEN_HOME")
-    return Path(env) if env else Path.home() / ".cache" / "specgen"
+from specgen.paths import specgen_home
 
 
 def converted_dir(gguf_path: Path) -> Path:

@@ -1,0 +1,92 @@
+"""What a drafter is, and the registry that maps method names to drafter classes.
+
+A drafter proposes a `Draft` for the current anchor (the last committed token) and observes
+every token the target commits, with the target's hidden states at the layers it asked
+for (`taps`). Its context always mirrors the target's KV cache: `observe` appends what
+the cache just committed and `rollback` forgets what the cache forgot, so a drafter never
+sees a token the target has not accepted.
+
+Drafters are looked up by name in `DRAFTERS`; nothing else in specgen branches on method
+names, and no drafter imports another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from specgen.config import SpecConfig
+    from specgen.models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens proposed to follow the anchor, and how they were chosen.
+
+    `probs` is the drafter's proposal distribution q at each position when it samples; None
+    means the tokens are a point mass (a greedy or deterministic drafter), which is what
+    exact rejection sampling then assumes.
+    """
+
+    tokens: torch.Tensor  # [B, k] int64
+    probs: torch.Tensor | None = None  # [B, k, V]
+    confidence: torch.Tensor | None = None  # [B, k]: P(first j accepted), for scheduling
+    bucket: int = 0  # a class of drafts whose acceptance is tracked apart (e.g. match length)
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    def truncated(self, length: int) -> Draft:
+        """The first `length` positions of this draft."""
+        if length >= self.length:
+            return self
+        return Draft(
+            tokens=self.tokens[:, :length],
+            probs=None if self.probs is None else self.probs[:, :length],
+            confidence=None if self.confidence is None else self.confidence[:, :length],
+            bucket=self.bucket,
+        )
+
+
+class Drafter(Protocol):
+    taps: tuple[int, ...]  # target layers whose hidden states `observe` needs
+    max_draft_tokens: int  # the longest draft `propose` returns
+
+    def rollback(self, length: int) -> None:
+        """Forget the context from position `length` on (mirrors the target cache)."""
+
+    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
+        """Tokens just committed to the target cache, with their hidden states [B, T, H]."""
+
+    def propose(self, anchor: int, max_tokens: int) -> Draft:
+        """Up to `max_tokens` tokens to follow `anchor` (fewer, or none, is allowed)."""
+
+
+class DrafterClass(Protocol):
+    @classmethod
+    def from_spec(cls, target: Transformer, spec: SpecConfig) -> Drafter:
+        """A drafter for `target`, configured by `spec` (fresh context)."""
+
+
+DRAFTERS: dict[str, DrafterClass] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: make a drafter class available as `--method NAME`."""
+
+    def add(cls: type) -> type:
+        if name in DRAFTERS or name == "ar":
+            raise ValueError(f"method {name!r} is already registered")
+        DRAFTERS[name] = cls
+        return cls
+
+    return add
+
+
+def empty_draft(device: torch.device | str = "cpu") -> Draft:
+    return Draft(tokens=torch.empty(1, 0, dtype=torch.long, device=device))

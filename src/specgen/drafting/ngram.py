@@ -1,0 +1,77 @@
+"""Prompt lookup (`--method ngram`): propose what followed the last time the context read
+the same way.
+
+The last n tokens (n = 3, then 2, then 1) are looked up among earlier positions of prompt +
+output; the tokens that followed the most recent earlier match are proposed. Training-free
+and strong wherever the answer copies its input (summaries, RAG, code edits). The draft is
+a point mass, so verification stays exact at any temperature.
+
+Lookups are O(1): for each n, a dict maps an n-gram to the latest position where it ended,
+kept one position behind the context so it never finds the current suffix itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specgen.drafting.base import Draft, empty_draft, register
+
+if TYPE_CHECKING:
+    from specgen.config import SpecConfig
+    from specgen.models.transformer import Transformer
+
+DEFAULT_DRAFT_TOKENS = 10
+
+
+@register("ngram")
+class NgramDrafter:
+    taps: tuple[int, ...] = ()
+
+    def __init__(self, draft_tokens: int = DEFAULT_DRAFT_TOKENS, max_n: int = 3, device="cpu"):
+        self.max_draft_tokens = draft_tokens
+        self.max_n = max_n
+        self.device = device
+        self.context: list[int] = []
+        self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
+
+    @classmethod
+    def from_spec(cls, target: Transformer, spec: SpecConfig) -> NgramDrafter:
+        return cls(spec.draft_tokens or DEFAULT_DRAFT_TOKENS, device=target.device)
+
+    def rollback(self, length: int) -> None:
+        if length < len(self.context):
+            self.context = self.context[:length]
+            self._ends = [{} for _ in range(self.max_n + 1)]
+            for end in range(len(self.context) - 1):
+                self._index(end)
+
+    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
+        for token in tokens:
+            self.context.append(int(token))
+            if len(self.context) >= 2:
+                self._index(len(self.context) - 2)
+
+    def _index(self, end: int) -> None:
+        """Record the n-grams that end at `end` (always one behind the context's end)."""
+        for n in range(1, self.max_n + 1):
+            if end - n + 1 >= 0:
+                self._ends[n][tuple(self.context[end - n + 1 : end + 1])] = end
+
+    def propose(self, anchor: int, max_tokens: int) -> Draft:
+        sequence = self.context + [anchor]
+        last = len(self.context) - 1  # the newest end an earlier match can have
+        limit = min(max_tokens, self.max_draft_tokens)
+        for n in range(min(self.max_n, len(self.context)), 0, -1):
+            pattern = tuple(sequence[-n:])
+            if tuple(sequence[-n - 1 : -1]) == pattern:
+                end = last  # not indexed yet: the index stays one position behind
+            else:
+                end = self._ends[n].get(pattern)
+            if end is not None and limit > 0:
+                follow = sequence[end + 1 : end + 1 + limit]
+                tokens = torch.tensor([follow], dtype=torch.long, device=self.device)
+                return Draft(tokens=tokens, bucket=n)  # longer matches are accepted more
+        return empty_draft(self.device)

@@ -1,0 +1,96 @@
+"""The speculative decoding loop: readable and synchronous, the reference for every fast path.
+
+    prefill -> first token
+    repeat:  draft up to k tokens after the anchor
+             one target forward over [anchor, d1..dk]
+             verify -> accepted a, bonus
+             keep anchor + a drafts in the target cache (roll back the rest)
+             tell the drafter what was committed; the bonus is the next anchor
+
+Every step commits a + 1 tokens. Stop tokens inside the committed run cut the output there;
+`max_new_tokens` caps the draft length so no step overshoots; the draft also shrinks to
+fit the context, and when no room is left for the next anchor the answer ends with
+finish "context". Nothing here looks at the tokens it is judging before verifying them,
+so greedy output equals `generate_ar`'s and sampled output has the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from specgen.config import SamplingParams
+from specgen.drafting.base import Drafter, empty_draft
+from specgen.engine.events import StepEvent
+from specgen.engine.sampling import make_generator, sample
+from specgen.models.kv_cache import StaticKVCache
+from specgen.models.transformer import Transformer
+from specgen.scheduling.scheduler import VerifyScheduler
+from specgen.verify import verify_draft
+
+
+def _cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
+    """The part of `tokens` to emit, and why the answer ends (None: it goes on)."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:i], "stop"
+        if produced + i + 1 == limit:
+            return tokens[: i + 1], "length"
+    return tokens, None
+
+
+@torch.inference_mode()
+def generate_speculative(
+    model: Transformer,
+    cache: StaticKVCache,
+    drafter: Drafter,
+    new_ids: list[int],
+    *,
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop_ids: frozenset[int],
+    scheduler: VerifyScheduler | None = None,
+) -> Iterator[StepEvent]:
+    """Prefill `new_ids` after what `cache` (and `drafter`) already hold, then speculate.
+
+    `scheduler`, if given, shortens each draft to the verify length with the best expected
+    tokens per second (from earlier steps only); without it every draft is verified whole.
+    """
+    device = model.device
+    generator = make_generator(params, device)
+    prefill = model(torch.tensor([new_ids], device=device), cache, taps=drafter.taps)
+    drafter.observe(new_ids, prefill.taps)
+    anchor = int(sample(prefill.logits[:, -1], params, generator))  # sync: first token
+    tokens, finish = _cut([anchor], 0, max_new_tokens, stop_ids)
+    produced = len(tokens)
+    if finish is None and cache.free == 0:
+        finish = "context"
+    yield StepEvent(tokens=tuple(tokens), finish=finish)
+    while finish is None:
+        room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
+        draft = drafter.propose(anchor, room) if room > 0 else empty_draft(device)
+        if scheduler is not None:
+            draft = scheduler.trim(draft)
+        drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
+        start = cache.length
+        block = torch.tensor([[anchor, *drafted]], device=device)
+        out = model(block, cache, taps=drafter.taps)
+        if drafted:
+            verdict = verify_draft(out.logits, draft, params, generator)
+            accepted, bonus = int(verdict.accepted[0]), int(verdict.bonus[0])  # sync
+        else:  # nothing to verify: a plain decoding step
+            accepted, bonus = 0, int(sample(out.logits[:, -1], params, generator))  # sync
+        if scheduler is not None:
+            scheduler.record(draft, accepted)
+        cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
+        kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
+        drafter.observe([anchor, *drafted[:accepted]], kept)
+        tokens, finish = _cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
+        produced += len(tokens)
+        if finish is None and cache.free == 0:  # nowhere to put the next anchor
+            finish = "context"
+        yield StepEvent(
+            tokens=tuple(tokens), drafted=len(drafted), accepted=accepted, finish=finish
+        )
+        anchor = bonus

@@ -1,0 +1,174 @@
+"""The speculative loop against plain decoding: exactness, structure and edges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import FAMILIES
+from specgen.config import SamplingParams, SpecConfig
+from specgen.drafting.base import Draft, empty_draft
+from specgen.drafting.ngram import NgramDrafter
+from specgen.engine.ar import generate_ar
+from specgen.engine.loop import generate_speculative
+from specgen.models.loading import load_target
+from specgen.pipeline import Pipeline
+from specgen.scheduling.cost import CostTable
+from specgen.scheduling.scheduler import VerifyScheduler
+
+PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
+GREEDY = SamplingParams()
+
+
+class OracleDrafter:
+    """Proposes exactly what the target would say greedily (drafter = target)."""
+
+    taps: tuple[int, ...] = ()
+
+    def __init__(self, model, draft_tokens=4):
+        self.model, self.max_draft_tokens, self.context = model, draft_tokens, []
+
+    def rollback(self, length):
+        self.context = self.context[:length]
+
+    def observe(self, tokens, taps):
+        self.context += list(tokens)
+
+    def propose(self, anchor, max_tokens):
+        seq = self.context + [anchor]
+        out = []
+        for _ in range(min(max_tokens, self.max_draft_tokens)):
+            logits = self.model(torch.tensor([seq]), self.model.new_cache(len(seq))).logits
+            seq.append(int(logits[0, -1].argmax()))
+            out.append(seq[-1])
+        return Draft(torch.tensor([out])) if out else empty_draft()
+
+
+class WrongDrafter(OracleDrafter):
+    """Proposes the greedy continuation with every third token changed."""
+
+    def propose(self, anchor, max_tokens):
+        draft = super().propose(anchor, max_tokens)
+        tokens = draft.tokens.clone()
+        tokens[:, 2::3] = (tokens[:, 2::3] + 1) % self.model.args.vocab_size
+        return Draft(tokens)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return load_target(tiny_llama, dtype=torch.float32, device="cpu")
+
+
+def _ar(model, n, stop=frozenset(), capacity=128):
+    events = generate_ar(
+        model, model.new_cache(capacity), PROMPT, params=GREEDY, max_new_tokens=n, stop_ids=stop
+    )
+    return [t for e in events for t in e.tokens]
+
+
+def _spec(model, drafter, n, stop=frozenset(), capacity=128, params=GREEDY, scheduler=None):
+    cache = model.new_cache(capacity)
+    events = list(
+        generate_speculative(
+            model,
+            cache,
+            drafter,
+            PROMPT,
+            params=params,
+            max_new_tokens=n,
+            stop_ids=stop,
+            scheduler=scheduler,
+        )
+    )
+    return [t for e in events for t in e.tokens], events, cache
+
+
+def test_drafter_equal_to_target_gets_every_draft_accepted(model):
+    tokens, events, _ = _spec(model, OracleDrafter(model, 4), 20)
+    assert tokens == _ar(model, 20)
+    spec_steps = [e for e in events if e.drafted]
+    assert spec_steps and all(e.accepted == e.drafted for e in spec_steps)
+    assert all(len(e.tokens) == e.drafted + 1 for e in spec_steps)
+
+
+def test_rejections_still_give_the_greedy_output(model):
+    tokens, events, _ = _spec(model, WrongDrafter(model, 5), 24)
+    assert tokens == _ar(model, 24)
+    assert any(e.accepted < e.drafted for e in events)
+
+
+def test_stop_token_inside_an_accepted_run(model):
+    free = _ar(model, 20)
+    stop_at = 6  # well inside a fully accepted block of 4
+    stop = frozenset({free[stop_at]})
+    first = free.index(free[stop_at])
+    tokens, events, cache = _spec(model, OracleDrafter(model, 4), 20, stop=stop)
+    assert tokens == free[:first] and events[-1].finish == "stop"
+    assert events[-1].accepted > 0  # the stop token was among accepted drafts (or their bonus)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 6, 7, 11])
+def test_max_new_tokens_inside_a_block(model, limit):
+    tokens, events, _ = _spec(model, OracleDrafter(model, 4), limit)
+    assert tokens == _ar(model, limit) and len(tokens) == limit
+    assert events[-1].finish == "length"
+
+
+def test_context_limit(model):
+    capacity = len(PROMPT) + 6
+    tokens, events, cache = _spec(model, OracleDrafter(model, 4), 50, capacity=capacity)
+    assert events[-1].finish == "context" and cache.free == 0
+    assert tokens == _ar(model, 50)[: len(tokens)] and len(tokens) == 7
+
+
+def test_cache_after_partial_acceptance_equals_a_fresh_prefill(model):
+    tokens, events, cache = _spec(model, WrongDrafter(model, 5), 16)
+    committed = PROMPT + tokens[:-1]  # the last token is the next anchor: not in the cache
+    assert cache.length == len(committed)
+    fresh = model.new_cache(128)
+    model(torch.tensor([committed]), fresh)
+    n = len(committed)
+    torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_scheduler_trims_without_changing_the_output(model):
+    costs = CostTable(step_seconds=(1.0, 1.1, 1.3, 1.6, 2.0))
+    scheduler = VerifyScheduler(costs)
+    tokens, events, _ = _spec(model, WrongDrafter(model, 4), 30, scheduler=scheduler)
+    assert tokens == _ar(model, 30)
+    assert all(e.drafted <= costs.max_drafts for e in events)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ngram_equals_ar_greedy(tiny_dirs, family):
+    base = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32")
+    for schedule in (False, True):
+        spec = SpecConfig(method="ngram", schedule=schedule)
+        ngram = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32", spec=spec)
+        for text in ("The quick brown fox jumps over the lazy dog. The quick brown", "def add"):
+            want = base.generate(text, raw=True, max_new_tokens=40).token_ids
+            got = ngram.generate(text, raw=True, max_new_tokens=40)
+            assert got.token_ids == want
+            session = ngram.session
+            assert session.drafter.context == session.ids  # the drafter mirrors the cache
+
+
+def test_seeded_sampling_is_reproducible_through_speculation(model):
+    params = SamplingParams(temperature=0.9, top_k=50, seed=3)
+    a, _, _ = _spec(model, WrongDrafter(model, 3), 20, params=params)
+    b, _, _ = _spec(model, WrongDrafter(model, 3), 20, params=params)
+    assert a == b
+
+
+def test_ngram_drafter_in_the_loop_reports_drafts(model):
+    drafter = NgramDrafter(draft_tokens=6)
+    prompt_loop = PROMPT * 3  # repetitive, so prompt lookup finds matches
+    cache = model.new_cache(128)
+    events = list(
+        generate_speculative(
+            model, cache, drafter, prompt_loop, params=GREEDY, max_new_tokens=30, stop_ids=frozenset()
+        )
+    )
+    assert sum(e.drafted for e in events) > 0
+    assert all(0 <= e.accepted <= e.drafted <= 6 for e in events)

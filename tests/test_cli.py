@@ -239,3 +239,29 @@ def test_ctrl_c_in_chat_stops_the_answer_not_the_session(tiny_llama, monkeypatch
     assert result.exit_code == 0, result.stderr
     assert "[answer stopped]" in result.stderr
     assert "2 answers" in result.stderr  # the stopped answer counts and the session went on
+
+
+# --- speculative methods -------------------------------------------------------------------
+
+
+def test_generate_with_ngram_reports_acceptance(tiny_llama):
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    args = ["generate", prompt, "--raw", "--json", "--model", str(tiny_llama)]
+    ar = json.loads(run(*args, *FAST, "-n", "24").stdout)
+    result = run(*args, *FAST, "-n", "24", "--method", "ngram", "-k", "5")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["token_ids"] == ar["token_ids"]  # lossless
+    stats = record["stats"]
+    assert stats["acceptance_length"] >= 1.0
+    assert stats["steps"] <= stats["new_tokens"] + 1
+    assert len(stats["accepted_per_position"]) <= 5
+    assert all(0.0 <= rate <= 1.0 for rate in stats["accepted_per_position"])
+
+
+def test_unknown_method_and_bad_draft_length():
+    result = run("generate", "hi", "--method", "medusa")
+    assert result.exit_code == 2 and "medusa" in result.stderr
+    assert_one_line_error(
+        run("generate", "hi", "--method", "ngram", "-k", "0"), 2, "--draft-tokens"
+    )

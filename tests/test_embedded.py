@@ -93,3 +93,49 @@ def test_cli_json_from_a_pipe_on_the_default_model(pipe):
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["prompt"] == "Name a primary colour." and record["stats"]["new_tokens"] > 0
+
+
+# --- ngram on the default model -------------------------------------------------------------
+
+REPEATS = [  # a second identical question: prompt lookup drafts the earlier answer + EOS
+    [
+        {"role": "user", "content": "Reply with exactly one word: OK"},
+        {"role": "assistant", "content": "OK"},
+        {"role": "user", "content": "Reply with exactly one word: OK"},
+    ],
+    [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is Paris."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ],
+]
+
+
+def _steps(pipe, prompt, max_new_tokens):
+    """(tokens, [(accepted in step, finish)]) from a fresh session."""
+    tokens, steps, before = [], [], 0
+    ids = pipe.encode(prompt)
+    for chunk in pipe.stream_ids(ids, max_new_tokens=max_new_tokens, session=pipe.new_session()):
+        tokens.extend(chunk.token_ids)
+        steps.append((chunk.stats.accepted - before, chunk.stats.finish_reason))
+        before = chunk.stats.accepted
+    return tokens, steps
+
+
+def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
+    from specgen.config import SpecConfig
+
+    # whole drafts verified (no scheduler): the most acceptance paths exercised
+    ngram = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, SpecConfig(method="ngram"))
+    prompts = _questions(set(range(0, 1000))) + REPEATS
+    assert len(prompts) >= 10
+    endings = set()
+    for prompt in prompts:
+        want, _ = _steps(pipe, prompt, NEW_TOKENS)
+        got, steps = _steps(ngram, prompt, NEW_TOKENS)
+        assert got == want
+        accepted, finish = steps[-1]
+        if accepted:
+            endings.add(finish)
+    # EOS and max_new_tokens both fell inside an accepted run at least once
+    assert {"stop", "length"} <= endings

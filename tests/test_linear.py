@@ -12,7 +12,9 @@ from specgen.kernels.linear import _blocks, linear, linear_torch
     "out_features, in_features", [(960, 576), (49152, 64), (1000, 37), (256, 3), (7, 5)]
 )
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("lead", [(1,), (1, 1), (1, 1, 1), (1, 2), (1, 5), (2, 3), (1, 11), (1, 16)])
+@pytest.mark.parametrize(
+    "lead", [(1,), (1, 1), (1, 1, 1), (1, 2), (1, 5), (2, 3), (1, 11), (1, 16)]
+)
 def test_one_row_matches_reference(out_features, in_features, bias, lead):
     gen = torch.Generator().manual_seed(out_features)
     w = torch.randn(out_features, in_features, generator=gen)

@@ -133,7 +133,7 @@ def test_cache_after_partial_acceptance_equals_a_fresh_prefill(model):
 
 
 def test_scheduler_trims_without_changing_the_output(model):
-    costs = CostTable(step_seconds=(1.0, 1.1, 1.3, 1.6, 2.0))
+    costs = CostTable(contexts=(16,), seconds=((1.0, 1.1, 1.3, 1.6, 2.0),))
     scheduler = VerifyScheduler(costs)
     tokens, events, _ = _spec(model, WrongDrafter(model, 4), 30, scheduler=scheduler)
     assert tokens == _ar(model, 30)
@@ -167,7 +167,13 @@ def test_ngram_drafter_in_the_loop_reports_drafts(model):
     cache = model.new_cache(128)
     events = list(
         generate_speculative(
-            model, cache, drafter, prompt_loop, params=GREEDY, max_new_tokens=30, stop_ids=frozenset()
+            model,
+            cache,
+            drafter,
+            prompt_loop,
+            params=GREEDY,
+            max_new_tokens=30,
+            stop_ids=frozenset(),
         )
     )
     assert sum(e.drafted for e in events) > 0

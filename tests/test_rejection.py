@@ -39,7 +39,11 @@ def _generate(target, drafter, params, k, sampled_draft, n, seed):
         tokens, probs, prev = [], [], anchor
         for _ in range(k):
             q = torch.softmax(drafter[prev], dim=-1)
-            d = torch.multinomial(q, 1, generator=gen).squeeze(-1) if sampled_draft else q.argmax(-1)
+            d = (
+                torch.multinomial(q, 1, generator=gen).squeeze(-1)
+                if sampled_draft
+                else q.argmax(-1)
+            )
             tokens.append(d)
             probs.append(q)
             prev = d

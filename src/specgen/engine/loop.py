@@ -59,7 +59,7 @@ def generate_speculative(
     """
     device = model.device
     generator = make_generator(params, device)
-    prefill = model(torch.tensor([new_ids], device=device), cache, taps=drafter.taps)
+    prefill = model(torch.tensor([new_ids], device=device), cache, taps=drafter.taps, num_logits=1)
     drafter.observe(new_ids, prefill.taps)
     anchor = int(sample(prefill.logits[:, -1], params, generator))  # sync: first token
     tokens, finish = _cut([anchor], 0, max_new_tokens, stop_ids)
@@ -71,7 +71,7 @@ def generate_speculative(
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
         draft = drafter.propose(anchor, room) if room > 0 else empty_draft(device)
         if scheduler is not None:
-            draft = scheduler.trim(draft)
+            draft = scheduler.trim(draft, cache.length)
         drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         start = cache.length
         block = torch.tensor([[anchor, *drafted]], device=device)

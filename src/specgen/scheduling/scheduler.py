@@ -15,8 +15,11 @@ class VerifyScheduler:
         self.costs = costs
         self.tracker = AcceptanceTracker(max_positions=costs.max_drafts)
 
-    def trim(self, draft: Draft) -> Draft:
-        """The draft cut to the verify length with the best expected tokens per second."""
+    def trim(self, draft: Draft, context: int) -> Draft:
+        """The draft cut to the verify length with the best expected tokens per second.
+
+        `context` is the number of tokens already in the target cache (costs grow with it).
+        """
         if draft.length == 0:
             return draft
         length = min(draft.length, self.costs.max_drafts)
@@ -24,7 +27,8 @@ class VerifyScheduler:
             survival = draft.confidence[0, :length].tolist()
         else:
             survival = self.tracker.survival(draft.bucket, length)
-        decision = choose_verify_length(survival, step_seconds=self.costs.step_seconds)
+        costs = self.costs.step_seconds(context)
+        decision = choose_verify_length(survival, step_seconds=costs)
         return draft.truncated(decision.length)
 
     def record(self, draft: Draft, accepted: int) -> None:

@@ -50,6 +50,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=10, help="per category")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--no-schedule", action="store_true", help="verify every draft whole (no scheduler)"
+    )
     args = parser.parse_args()
 
     from specgen.cli.common import quiet_libraries
@@ -62,9 +65,11 @@ def main() -> None:
     base = Pipeline.load(args.model, dtype=args.dtype)
     engines = {"ar": base}
     for method in args.methods.split(","):
-        spec = SpecConfig(method=method)
+        spec = SpecConfig(method=method, schedule=not args.no_schedule)
         drafter = DRAFTERS[method].from_spec(base.model, spec)
-        costs = cached_costs(base.model, base.name, drafter.max_draft_tokens)
+        costs = None
+        if spec.schedule:
+            costs = cached_costs(base.model, base.name, drafter.max_draft_tokens)
         engines[method] = Pipeline(base.model, base.codec, base.name, base.context, spec, costs)
     prompts = load_prompts(args.prompts, args.categories.split(","), args.num_prompts)
     run(base, base.encode("Hello"), 4)  # warm-up

@@ -1,9 +1,9 @@
-"""Generate with the public Python API: one answer, then a streamed one.
+"""Generate with the public Python API: plain decoding, streaming, and a speculative method.
 
-python examples/generate.py
+    python examples/generate.py
 """
 
-from specgen import Pipeline, SamplingParams
+from specgen import Pipeline, SamplingParams, SpecConfig
 
 pipe = Pipeline.load()  # the embedded default (SmolLM2-135M-Instruct); works offline
 
@@ -15,3 +15,9 @@ sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=0)
 for chunk in pipe.stream("Write a haiku about the sea.", sampling=sampling, max_new_tokens=48):
     print(chunk.text, end="", flush=True)
 print()
+
+# Prompt lookup: same greedy output as above, drafted from the prompt where it can be.
+fast = Pipeline.load(spec=SpecConfig(method="ngram"))
+text = "Repeat after me: the quick brown fox jumps over the lazy dog."
+result = fast.generate(text, max_new_tokens=32)
+print(result.text, f"(τ {result.stats.acceptance_length:.2f}, incl. bonus)")

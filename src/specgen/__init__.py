@@ -5,9 +5,10 @@ Public API:
     Pipeline.generate(prompt, ...) -> Completion
     Pipeline.stream(prompt, ...) -> Iterator[Chunk]
     SamplingParams(temperature, top_k, top_p, seed)
+    SpecConfig(method="ar" | "ngram" | ..., draft_tokens, schedule)
 """
 
-from specgen.config import ModelArgs, SamplingParams
+from specgen.config import ModelArgs, SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
 from specgen.pipeline import Chunk, Completion, Pipeline
 from specgen.stats import GenStats
@@ -21,6 +22,7 @@ __all__ = [
     "ModelArgs",
     "Pipeline",
     "SamplingParams",
+    "SpecConfig",
     "SpecgenError",
     "__version__",
 ]

@@ -66,11 +66,13 @@ def main() -> None:
     engines = {"ar": base}
     for method in args.methods.split(","):
         spec = SpecConfig(method=method, schedule=not args.no_schedule)
-        drafter = DRAFTERS[method].from_spec(base.model, spec)
+        loaded = DRAFTERS[method].load(base.model, spec, target_name=base.name)
         costs = None
         if spec.schedule:
-            costs = cached_costs(base.model, base.name, drafter.max_draft_tokens)
-        engines[method] = Pipeline(base.model, base.codec, base.name, base.context, spec, costs)
+            costs = cached_costs(base.model, base.name, loaded.max_draft_tokens)
+        engines[method] = Pipeline(
+            base.model, base.codec, base.name, base.context, spec, costs, loaded
+        )
     prompts = load_prompts(args.prompts, args.categories.split(","), args.num_prompts)
     run(base, base.encode("Hello"), 4)  # warm-up
 

@@ -156,3 +156,99 @@ def embedded_dir(embedded_gguf, tmp_path_factory) -> Path:
             os.environ.pop("SPECGEN_HOME", None)
         else:
             os.environ["SPECGEN_HOME"] = old
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def save_tiny_dflash(
+    path: Path,
+    *,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    vocab: int = TINY_VOCAB,
+    layers: int = 2,
+    block_size: int = 8,
+    mask_token_id: int = TINY_VOCAB - 1,
+    target_layer_ids: list[int] | None = None,
+    num_target_layers: int = 6,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+    drop: str | None = None,
+    seed: int = 0,
+    scale: float = 0.2,
+) -> Path:
+    """A random DFlash drafter in exactly z-lab's layout: the real b16 config, scaled down."""
+    import json
+
+    from safetensors.torch import save_file
+
+    cfg = json.loads((FIXTURES / "dflash-qwen3-4b-b16.config.json").read_text())
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        num_hidden_layers=layers,
+        max_position_embeddings=4096,
+        block_size=block_size,
+        num_target_layers=num_target_layers,
+        layer_types=layer_types or ["full_attention"] * layers,
+        sliding_window=sliding_window,
+        max_window_layers=layers,
+    )
+    cfg["dflash_config"] = {"mask_token_id": mask_token_id}
+    if target_layer_ids is not None:
+        cfg["dflash_config"]["target_layer_ids"] = target_layer_ids
+    k = len(target_layer_ids) if target_layer_ids is not None else layers
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * scale
+
+    tensors = {
+        "fc.weight": rand(hidden, k * hidden),
+        "hidden_norm.weight": 1 + rand(hidden),
+        "norm.weight": 1 + rand(hidden),
+    }
+    inter = 2 * hidden
+    for i in range(layers):
+        p = f"layers.{i}."
+        tensors.update(
+            {
+                p + "input_layernorm.weight": 1 + rand(hidden),
+                p + "post_attention_layernorm.weight": 1 + rand(hidden),
+                p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+                p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
+                p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
+                p + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+                p + "self_attn.q_norm.weight": 1 + rand(head_dim),
+                p + "self_attn.k_norm.weight": 1 + rand(head_dim),
+                p + "mlp.gate_proj.weight": rand(inter, hidden),
+                p + "mlp.up_proj.weight": rand(inter, hidden),
+                p + "mlp.down_proj.weight": rand(hidden, inter),
+            }
+        )
+    if drop is not None:
+        tensors.pop(drop)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({n: t.to(torch.bfloat16) for n, t in tensors.items()}, path / "model.safetensors")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_deep(tmp_path_factory) -> Path:
+    """A 6-layer tiny Qwen3 target (room for DFlash's spread of tapped layers)."""
+    path = tmp_path_factory.mktemp("tiny-qwen3-deep")
+    save_tiny(path, "qwen3", seed=5, num_hidden_layers=6)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash(tmp_path_factory) -> Path:
+    return save_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash") / "d", target_layer_ids=[1, 3])

@@ -265,3 +265,23 @@ def test_unknown_method_and_bad_draft_length():
     assert_one_line_error(
         run("generate", "hi", "--method", "ngram", "-k", "0"), 2, "--draft-tokens"
     )
+
+
+def test_dflash_through_the_cli_with_trace(tiny_qwen3_deep, tiny_dflash):
+    prompt = "The quick brown fox"
+    base = ["generate", prompt, "--json", "--model", str(tiny_qwen3_deep), *FAST, "-n", "16"]
+    ar = json.loads(run(*base).stdout)
+    result = run(*base, "--drafter", str(tiny_dflash), "--trace")  # kind read from config
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["token_ids"] == ar["token_ids"]
+    trace = record["trace"]
+    assert trace and {"drafter", "draft", "verify_length", "accepted", "bonus"} <= set(trace[0])
+    assert all(step["drafter"] == "dflash" for step in trace)
+
+
+def test_dflash_without_a_known_drafter(tmp_path):
+    assert_one_line_error(run("generate", "hi", "--method", "dflash"), 2, "no dflash drafter")
+    (tmp_path / "notes.txt").write_text("x")
+    result = run("generate", "hi", "--drafter", str(tmp_path))
+    assert_one_line_error(result, 2, "not a drafter checkpoint")

@@ -139,3 +139,34 @@ def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
             endings.add(finish)
     # EOS and max_new_tokens both fell inside an accepted run at least once
     assert {"stop", "length"} <= endings
+
+
+def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
+    """A random z-lab-format drafter for the default model: almost nothing is accepted,
+    and the output must still be token-for-token the AR output."""
+    from conftest import save_tiny_dflash
+    from specgen.config import SpecConfig
+    from specgen.drafting.dflash import DFlashMethod
+
+    path = save_tiny_dflash(
+        tmp_path / "dflash",
+        hidden=576,
+        heads=9,
+        kv_heads=3,
+        head_dim=64,
+        vocab=49152,
+        layers=1,
+        block_size=8,
+        mask_token_id=0,
+        num_target_layers=30,
+        scale=0.05,
+    )
+    spec = SpecConfig(method="dflash", drafter=str(path), schedule=False)
+    method = DFlashMethod.load(pipe.model, spec, target_name=pipe.name)
+    assert method.net.args.target_layer_ids == (15,)  # derived: one layer -> the middle
+    dflash = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, None, method)
+    for question in _questions({81, 121, 321}):
+        want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
+        got = dflash.generate(question, max_new_tokens=24, session=dflash.new_session())
+        assert got.token_ids == want.token_ids
+        assert got.stats.drafted > 0

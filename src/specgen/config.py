@@ -158,15 +158,23 @@ class SpecConfig:
     """Which decoding method runs, and its drafting knobs.
 
     `method` is "ar" (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
+    `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry.
     `draft_tokens` caps the tokens drafted per step (None: the method's default).
+    `block_size` runs a block drafter at a smaller block than it was trained with.
     `schedule` trims each draft to the verify length with the best expected tokens per
     second (measured costs + acceptance so far); off, every draft is verified whole.
+    `trace` records every step (draft, verify length, accepted, bonus) in the stats.
     """
 
     method: str = "ar"
+    drafter: str | None = None
     draft_tokens: int | None = None
+    block_size: int | None = None
     schedule: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_tokens is not None and self.draft_tokens < 1:
             raise SpecgenError(f"--draft-tokens must be at least 1 (got {self.draft_tokens})")
+        if self.block_size is not None and self.block_size < 2:
+            raise SpecgenError(f"--block-size must be at least 2 (got {self.block_size})")

@@ -163,3 +163,15 @@ def download(repo: str, *, alias: str | None = None) -> Path:
         ) from None
     except (HfHubHTTPError, OSError) as e:
         raise ModelNotFoundError(f"{repo}: download failed ({e})") from None
+
+
+def resolve_drafter(spec: str) -> Path:
+    """A drafter checkpoint: a local directory with config.json, or a Hub repo id."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if (path / "config.json").is_file():
+            return path
+        raise ModelNotFoundError(f"{spec}: not a drafter checkpoint (no config.json)")
+    if _REPO_ID.match(spec) and not spec.startswith((".", "~")):
+        return download(spec)
+    raise ModelNotFoundError(f"{spec}: no such drafter directory or Hub repo")

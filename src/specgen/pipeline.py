@@ -9,21 +9,23 @@ for chunk in pipe.stream("Tell me a joke"):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting import DRAFTERS
+from specgen.drafting import DRAFTERS, method_of
+from specgen.drafting.base import DraftMethod
 from specgen.engine.ar import generate_ar
+from specgen.engine.events import StepEvent
 from specgen.engine.loop import generate_speculative
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
-from specgen.hub import Notify, resolve_model
+from specgen.hub import Notify, resolve_drafter, resolve_model
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
-from specgen.registry import DEFAULT_ALIAS
+from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable, cached_costs
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.stats import GenStats
@@ -62,12 +64,15 @@ class Completion:
     stats: GenStats
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        record = {
             "prompt": self.prompt,
             "text": self.text,
             "token_ids": self.token_ids,
             "stats": self.stats.to_dict(),
         }
+        if self.stats.trace is not None:
+            record["trace"] = self.stats.trace
+        return record
 
 
 def resolve_device(device: str) -> str:
@@ -90,6 +95,19 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _with_registry_drafter(spec: SpecConfig, model: str) -> SpecConfig:
+    """Fill in the registry's drafter for (model alias, method) when none was given."""
+    if spec.method == "ar" or spec.drafter is not None or not DRAFTERS[spec.method].needs_drafter:
+        return spec
+    entry = MODELS.get(model.lower())
+    drafter = entry.drafters.get(spec.method) if entry else None
+    if drafter is None:
+        raise SpecgenError(
+            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
+        )
+    return replace(spec, drafter=drafter)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -99,9 +117,11 @@ class Pipeline:
         context: int,
         spec: SpecConfig | None = None,
         costs: CostTable | None = None,
+        method: DraftMethod | None = None,
     ) -> None:
         """Usually made by `load`. `costs` (measured verify times) enables trimming drafts
-        to the best verify length; without it every draft is verified whole."""
+        to the best verify length; without it every draft is verified whole. `method` is
+        the loaded draft method (loaded here from `spec` when not given)."""
         self.model = model
         self.codec = codec
         self.name = name
@@ -111,6 +131,9 @@ class Pipeline:
             raise SpecgenError(
                 f"unknown method {self.spec.method!r}; available: {', '.join(METHODS)}"
             )
+        if method is None and self.spec.method != "ar":
+            method = DRAFTERS[self.spec.method].load(model, self.spec, target_name=name)
+        self.method = method
         self.costs = costs
         self.session = self.new_session()
 
@@ -135,6 +158,10 @@ class Pipeline:
         spec = spec or SpecConfig()
         if spec.method not in METHODS:  # before the slow part
             raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
+        if spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
+            drafter_dir = resolve_drafter(spec.drafter)
+            spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
+        spec = _with_registry_drafter(spec, model)  # fail before the slow part if none
         resolved = resolve_model(model, notify=notify)
         dev = resolve_device(device)
         target = load_target(
@@ -144,20 +171,22 @@ class Pipeline:
         if context is not None and not 1 < context <= limit:
             raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
-        costs = None
-        if spec.method != "ar" and spec.schedule:
-            drafter = DRAFTERS[spec.method].from_spec(target, spec)
-            key = f"{resolved.name}|{resolved.path}"
-            costs = cached_costs(target, key, drafter.max_draft_tokens, notify)
+        method, costs = None, None
+        if spec.method != "ar":
+            method = DRAFTERS[spec.method].load(
+                target, spec, target_name=resolved.name, notify=notify
+            )
+            if spec.schedule:
+                key = f"{resolved.name}|{resolved.path}"
+                costs = cached_costs(target, key, method.max_draft_tokens, notify)
         context = context or min(limit, DEFAULT_CONTEXT)
-        return cls(target, codec, resolved.name, context, spec, costs)
+        return cls(target, codec, resolved.name, context, spec, costs, method)
 
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
-        method = self.spec.method
-        if method == "ar":
+        if self.method is None:
             return Session(self.model, self.context)
-        drafter = DRAFTERS[method].from_spec(self.model, self.spec)
+        drafter = self.method.new_drafter(self.context)
         scheduler = VerifyScheduler(self.costs) if self.costs is not None else None
         return Session(self.model, self.context, drafter, scheduler)
 
@@ -200,6 +229,8 @@ class Pipeline:
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        if self.spec.trace:
+            stats.trace = []
         detok = Detokenizer(self.codec)
         output: list[int] = []
         params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
@@ -227,12 +258,25 @@ class Pipeline:
             for event in events:
                 output.extend(event.tokens)
                 stats.record_step(len(event.tokens), event.drafted, event.accepted, event.finish)
+                if stats.trace is not None:
+                    stats.trace.append(self._trace_record(event))
                 text = detok.push(list(event.tokens))
                 if event.finish is not None:
                     text += detok.flush()
                 yield Chunk(text=text, token_ids=event.tokens, stats=stats)
         finally:
             session.settle(prompt_ids + output)
+
+    def _trace_record(self, event: StepEvent) -> dict[str, Any]:
+        """What `--trace` shows for one step (the first step of an answer is the prefill)."""
+        return {
+            "drafter": self.spec.method,
+            "draft": list(event.proposal),
+            "verify_length": event.drafted,
+            "accepted": event.accepted,
+            "bonus": event.bonus,
+            "committed": list(event.tokens),
+        }
 
     def generate(
         self,

@@ -24,6 +24,7 @@ class GenStats:
     seconds: float = 0.0  # from the start of the prefill to the last token
     ttft_seconds: float | None = None  # time to first token (prefill + first sample)
     finish_reason: str | None = None
+    trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
     def record_step(self, tokens: int, drafted: int, accepted: int, finish: str | None) -> None:

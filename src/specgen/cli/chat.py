@@ -15,9 +15,11 @@ from specgen import display
 from specgen.cli.common import load_pipeline, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
+    BlockSizeOpt,
     ContextOpt,
     DebugOpt,
     DeviceOpt,
+    DrafterOpt,
     DraftTokensOpt,
     DtypeOpt,
     MaxNewTokensOpt,
@@ -68,7 +70,9 @@ class SessionTotals:
 def chat(
     model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = Method.ar,
+    drafter: DrafterOpt = None,
     draft_tokens: DraftTokensOpt = None,
+    block_size: BlockSizeOpt = None,
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -84,7 +88,9 @@ def chat(
     """Chat with the model; reads turns from the terminal or, line by line, from a pipe."""
     with user_errors(debug):
         sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
-        spec = SpecConfig(method=method.value, draft_tokens=draft_tokens)
+        spec = SpecConfig(
+            method=method.value, drafter=drafter, draft_tokens=draft_tokens, block_size=block_size
+        )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
         )

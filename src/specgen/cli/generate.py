@@ -12,9 +12,11 @@ from specgen import display
 from specgen.cli.common import load_pipeline, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
+    BlockSizeOpt,
     ContextOpt,
     DebugOpt,
     DeviceOpt,
+    DrafterOpt,
     DraftTokensOpt,
     DtypeOpt,
     JsonOpt,
@@ -29,6 +31,7 @@ from specgen.cli.options import (
     ThinkOpt,
     TopKOpt,
     TopPOpt,
+    TraceOpt,
 )
 from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
 from specgen.config import SamplingParams, SpecConfig
@@ -63,7 +66,9 @@ def generate(
     ] = None,
     model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = Method.ar,
+    drafter: DrafterOpt = None,
     draft_tokens: DraftTokensOpt = None,
+    block_size: BlockSizeOpt = None,
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -75,6 +80,7 @@ def generate(
     raw: RawOpt = False,
     think: ThinkOpt = False,
     json_out: JsonOpt = False,
+    trace: TraceOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -82,7 +88,13 @@ def generate(
     with user_errors(debug):
         sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
         prompts = _collect_prompts(prompt, prompt_file)
-        spec = SpecConfig(method=method.value, draft_tokens=draft_tokens)
+        spec = SpecConfig(
+            method=method.value,
+            drafter=drafter,
+            draft_tokens=draft_tokens,
+            block_size=block_size,
+            trace=trace,
+        )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
         )
@@ -153,6 +165,7 @@ class _Answerer:
                     "text": self.pipe.codec.decode(tokens),
                     "token_ids": tokens,
                     "stats": stats.to_dict() if stats is not None else None,
+                    **({"trace": stats.trace} if stats and stats.trace is not None else {}),
                 }
             )
             return

@@ -25,6 +25,22 @@ ModelOpt = Annotated[
 MethodOpt = Annotated[
     Method, typer.Option("--method", help="Decoding method (ar = no speculation).")
 ]
+DrafterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--drafter",
+        help="Drafter checkpoint (directory or Hub repo) instead of the registry's; "
+        "its kind sets --method when that is not given.",
+    ),
+]
+BlockSizeOpt = Annotated[
+    int | None,
+    typer.Option("--block-size", help="Run a block drafter at a smaller block than trained."),
+]
+TraceOpt = Annotated[
+    bool,
+    typer.Option("--trace", help="With --json: one record per step (draft, verify length, ...)."),
+]
 DraftTokensOpt = Annotated[
     int | None,
     typer.Option(

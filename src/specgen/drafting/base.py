@@ -6,17 +6,22 @@ for (`taps`). Its context always mirrors the target's KV cache: `observe` append
 the cache just committed and `rollback` forgets what the cache forgot, so a drafter never
 sees a token the target has not accepted.
 
-Drafters are looked up by name in `DRAFTERS`; nothing else in specgen branches on method
-names, and no drafter imports another.
+Methods are looked up by name in `DRAFTERS`: each is loaded once per pipeline (weights)
+and makes a fresh `Drafter` per session (context state). Nothing else in specgen branches
+on method names, and no drafter imports another.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from specgen.errors import CheckpointError
 
 if TYPE_CHECKING:
     from specgen.config import SpecConfig
@@ -67,17 +72,33 @@ class Drafter(Protocol):
         """Up to `max_tokens` tokens to follow `anchor` (fewer, or none, is allowed)."""
 
 
-class DrafterClass(Protocol):
+class DraftMethod(Protocol):
+    """A registered method: what is loaded once (weights) and makes per-session drafters."""
+
+    architectures: tuple[str, ...]  # config.json architectures of its checkpoints
+    needs_drafter: bool  # loads a checkpoint (--drafter or the registry's)
+    max_draft_tokens: int
+
     @classmethod
-    def from_spec(cls, target: Transformer, spec: SpecConfig) -> Drafter:
-        """A drafter for `target`, configured by `spec` (fresh context)."""
+    def load(
+        cls,
+        target: Transformer,
+        spec: SpecConfig,
+        *,
+        target_name: str,
+        notify: Callable[[str], None] | None = None,
+    ) -> DraftMethod:
+        """Everything this method needs for `target` (e.g. a drafter checkpoint)."""
+
+    def new_drafter(self, capacity: int) -> Drafter:
+        """A drafter with an empty context able to follow `capacity` target tokens."""
 
 
-DRAFTERS: dict[str, DrafterClass] = {}
+DRAFTERS: dict[str, type[DraftMethod]] = {}
 
 
 def register(name: str) -> Callable[[type], type]:
-    """Class decorator: make a drafter class available as `--method NAME`."""
+    """Class decorator: make a `DraftMethod` available as `--method NAME`."""
 
     def add(cls: type) -> type:
         if name in DRAFTERS or name == "ar":
@@ -86,6 +107,22 @@ def register(name: str) -> Callable[[type], type]:
         return cls
 
     return add
+
+
+def method_of(drafter_dir: Path) -> str:
+    """The registered method whose checkpoints have this drafter's architecture."""
+    path = drafter_dir / "config.json"
+    try:
+        architectures = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{drafter_dir}: cannot read config.json ({e})") from None
+    for name, cls in DRAFTERS.items():
+        if set(architectures) & set(cls.architectures):
+            return name
+    raise CheckpointError(
+        f"{drafter_dir}: not a drafter specgen knows (architectures {architectures}); "
+        "give --method explicitly"
+    )
 
 
 def empty_draft(device: torch.device | str = "cpu") -> Draft:

@@ -12,7 +12,7 @@ kept one position behind the context so it never finds the current suffix itself
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,19 +27,45 @@ DEFAULT_DRAFT_TOKENS = 10
 
 
 @register("ngram")
+class NgramMethod:
+    """Nothing to load: each session gets a fresh lookup index."""
+
+    architectures: tuple[str, ...] = ()
+    needs_drafter = False
+
+    def __init__(self, draft_tokens: int, device: torch.device) -> None:
+        self.max_draft_tokens = draft_tokens
+        self.device = device
+
+    @classmethod
+    def load(
+        cls,
+        target: Transformer,
+        spec: SpecConfig,
+        *,
+        target_name: str,
+        notify: Callable[[str], None] | None = None,
+    ) -> NgramMethod:
+        return cls(spec.draft_tokens or DEFAULT_DRAFT_TOKENS, target.device)
+
+    def new_drafter(self, capacity: int) -> NgramDrafter:
+        return NgramDrafter(self.max_draft_tokens, device=self.device)
+
+
 class NgramDrafter:
     taps: tuple[int, ...] = ()
 
-    def __init__(self, draft_tokens: int = DEFAULT_DRAFT_TOKENS, max_n: int = 3, device="cpu"):
+    def __init__(
+        self,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        max_n: int = 3,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.max_draft_tokens = draft_tokens
         self.max_n = max_n
         self.device = device
         self.context: list[int] = []
         self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
-
-    @classmethod
-    def from_spec(cls, target: Transformer, spec: SpecConfig) -> NgramDrafter:
-        return cls(spec.draft_tokens or DEFAULT_DRAFT_TOKENS, device=target.device)
 
     def rollback(self, length: int) -> None:
         if length < len(self.context):

@@ -36,13 +36,13 @@ def generate_ar(
         token = sample(logits, params, generator)
         tid = int(token)  # sync: the host needs the token to stop, detokenize and stream
         if tid in stop_ids:
-            yield StepEvent(tokens=(), finish="stop")
+            yield StepEvent(tokens=(), finish="stop", bonus=tid)
             return
         if produced == max_new_tokens:
-            yield StepEvent(tokens=(tid,), finish="length")
+            yield StepEvent(tokens=(tid,), finish="length", bonus=tid)
             return
         if cache.free == 0:  # nowhere to put this token's K/V: the context is full
-            yield StepEvent(tokens=(tid,), finish="context")
+            yield StepEvent(tokens=(tid,), finish="context", bonus=tid)
             return
-        yield StepEvent(tokens=(tid,))
+        yield StepEvent(tokens=(tid,), bonus=tid)
         logits = model(token.view(1, 1), cache).logits[:, -1]

@@ -10,6 +10,8 @@ FINISH_REASONS = ("stop", "length", "context")
 @dataclass(frozen=True)
 class StepEvent:
     tokens: tuple[int, ...]  # committed this step, already cut at a stop token
-    drafted: int = 0  # draft tokens sent to verification (0 for plain AR)
+    drafted: int = 0  # draft tokens sent to verification (the verify length; 0 for AR)
     accepted: int = 0  # of those, how many the target accepted
     finish: str | None = None  # set on the last event: one of FINISH_REASONS
+    proposal: tuple[int, ...] = ()  # what the drafter proposed, before any trimming
+    bonus: int | None = None  # the target's own token this step

@@ -66,12 +66,11 @@ def generate_speculative(
     produced = len(tokens)
     if finish is None and cache.free == 0:
         finish = "context"
-    yield StepEvent(tokens=tuple(tokens), finish=finish)
+    yield StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
     while finish is None:
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
-        draft = drafter.propose(anchor, room) if room > 0 else empty_draft(device)
-        if scheduler is not None:
-            draft = scheduler.trim(draft, cache.length)
+        proposal = drafter.propose(anchor, room) if room > 0 else empty_draft(device)
+        draft = proposal if scheduler is None else scheduler.trim(proposal, cache.length)
         drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         start = cache.length
         block = torch.tensor([[anchor, *drafted]], device=device)
@@ -91,6 +90,11 @@ def generate_speculative(
         if finish is None and cache.free == 0:  # nowhere to put the next anchor
             finish = "context"
         yield StepEvent(
-            tokens=tuple(tokens), drafted=len(drafted), accepted=accepted, finish=finish
+            tokens=tuple(tokens),
+            drafted=len(drafted),
+            accepted=accepted,
+            finish=finish,
+            proposal=tuple(drafted if draft is proposal else proposal.tokens[0].tolist()),
+            bonus=bonus,
         )
         anchor = bonus

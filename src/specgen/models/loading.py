@@ -9,7 +9,7 @@ anything else in the files (rotary caches, extra heads) is ignored.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
-from specgen.models.transformer import Transformer
+from specgen.models.transformer import DecoderLayer, Transformer
 
 
 def read_config(model_dir: Path, name: str) -> dict:
@@ -61,39 +61,71 @@ class SafetensorsIndex:
             ) from None
 
 
-def _plan(args: ModelArgs, model: Transformer) -> Iterator[tuple[str, torch.Tensor, int]]:
-    """(HF tensor name, destination, row offset) for every weight the model needs.
+Plan = Iterator[tuple[str, torch.Tensor, int]]  # (tensor name, destination, row offset)
+
+
+def layer_plan(args: ModelArgs, layer: DecoderLayer, prefix: str) -> Plan:
+    """The HF tensors of one decoder layer under `prefix` (targets and drafters alike).
 
     q/k/v and gate/up are stacked row-wise into the fused matrices, hence the offset.
     """
+    q_rows = args.num_heads * args.head_dim
+    kv_rows = args.num_kv_heads * args.head_dim
+    p = prefix
+    yield p + "input_layernorm.weight", layer.attn_norm, 0
+    yield p + "post_attention_layernorm.weight", layer.ffn_norm, 0
+    for kind in ("weight", "bias") if args.qkv_bias else ("weight",):
+        dest = layer.wqkv if kind == "weight" else layer.bqkv
+        yield p + f"self_attn.q_proj.{kind}", dest, 0
+        yield p + f"self_attn.k_proj.{kind}", dest, q_rows
+        yield p + f"self_attn.v_proj.{kind}", dest, q_rows + kv_rows
+    yield p + "self_attn.o_proj.weight", layer.wo, 0
+    if args.o_bias:
+        yield p + "self_attn.o_proj.bias", layer.bo, 0
+    if args.qk_norm:
+        yield p + "self_attn.q_norm.weight", layer.q_norm, 0
+        yield p + "self_attn.k_norm.weight", layer.k_norm, 0
+    inter = args.intermediate_size
+    for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
+        dest = layer.w_gate_up if kind == "weight" else layer.b_gate_up
+        yield p + f"mlp.gate_proj.{kind}", dest, 0
+        yield p + f"mlp.up_proj.{kind}", dest, inter
+        down = layer.w_down if kind == "weight" else layer.b_down
+        yield p + f"mlp.down_proj.{kind}", down, 0
+
+
+def _target_plan(args: ModelArgs, model: Transformer) -> Plan:
     yield "model.embed_tokens.weight", model.embed, 0
     yield "model.norm.weight", model.norm, 0
     if not args.tie_word_embeddings:
         yield "lm_head.weight", model.lm_head, 0
-    q_rows = args.num_heads * args.head_dim
-    kv_rows = args.num_kv_heads * args.head_dim
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", layer.attn_norm, 0
-        yield p + "post_attention_layernorm.weight", layer.ffn_norm, 0
-        for kind in ("weight", "bias") if args.qkv_bias else ("weight",):
-            dest = layer.wqkv if kind == "weight" else layer.bqkv
-            yield p + f"self_attn.q_proj.{kind}", dest, 0
-            yield p + f"self_attn.k_proj.{kind}", dest, q_rows
-            yield p + f"self_attn.v_proj.{kind}", dest, q_rows + kv_rows
-        yield p + "self_attn.o_proj.weight", layer.wo, 0
-        if args.o_bias:
-            yield p + "self_attn.o_proj.bias", layer.bo, 0
-        if args.qk_norm:
-            yield p + "self_attn.q_norm.weight", layer.q_norm, 0
-            yield p + "self_attn.k_norm.weight", layer.k_norm, 0
-        inter = args.intermediate_size
-        for kind in ("weight", "bias") if args.mlp_bias else ("weight",):
-            dest = layer.w_gate_up if kind == "weight" else layer.b_gate_up
-            yield p + f"mlp.gate_proj.{kind}", dest, 0
-            yield p + f"mlp.up_proj.{kind}", dest, inter
-            down = layer.w_down if kind == "weight" else layer.b_down
-            yield p + f"mlp.down_proj.{kind}", down, 0
+        yield from layer_plan(args, layer, f"model.layers.{i}.")
+
+
+def fill(
+    plan: Plan,
+    index: SafetensorsIndex,
+    shape_of: Callable[[str], tuple[int, ...]],
+    device: torch.device,
+) -> None:
+    """Copy every planned tensor into place; missing or mis-shaped ones fail by name."""
+    missing: list[str] = []
+    for key, dest, offset in plan:
+        if key not in index.where:
+            missing.append(key)
+            continue
+        expected = shape_of(key)
+        tensor = index.get(key, device)
+        if tuple(tensor.shape) != expected:
+            raise CheckpointError(
+                f"{index.name}: tensor {key} has shape {tuple(tensor.shape)}, "
+                f"expected {expected} for this config"
+            )
+        dest.data[offset : offset + expected[0]].copy_(tensor)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CheckpointError(f"{index.name}: checkpoint lacks {', '.join(missing[:3])}{more}")
 
 
 def load_target(
@@ -108,26 +140,11 @@ def load_target(
     args = ModelArgs.from_hf(read_config(model_dir, name), name=name)
     index = SafetensorsIndex(model_dir, name)
     model = Transformer(args, dtype=dtype, device=device)
-    missing: list[str] = []
-    for key, dest, offset in _plan(args, model):
-        if key not in index.where:
-            missing.append(key)
-            continue
-        expected = _shape_for(args, key)
-        tensor = index.get(key, model.device)
-        if tuple(tensor.shape) != expected:
-            raise CheckpointError(
-                f"{name}: tensor {key} has shape {tuple(tensor.shape)}, "
-                f"expected {expected} for this config"
-            )
-        dest.data[offset : offset + expected[0]].copy_(tensor)
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise CheckpointError(f"{name}: checkpoint lacks {', '.join(missing[:3])}{more}")
+    fill(_target_plan(args, model), index, lambda key: shape_for(args, key), model.device)
     return model.eval()
 
 
-def _shape_for(args: ModelArgs, key: str) -> tuple[int, ...]:
+def shape_for(args: ModelArgs, key: str) -> tuple[int, ...]:
     """The shape the HF tensor `key` must have under `args` (for error messages)."""
     h, d, inter = args.hidden_size, args.head_dim, args.intermediate_size
     rows = {

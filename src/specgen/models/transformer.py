@@ -31,7 +31,7 @@ class ForwardOutput:
     taps: dict[int, torch.Tensor]  # layer id -> hidden state after that layer, [B, T, H]
 
 
-def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+def new_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
@@ -42,18 +42,36 @@ class DecoderLayer(nn.Module):
         h, d, inter = args.hidden_size, args.head_dim, args.intermediate_size
         n_qkv = (args.num_heads + 2 * args.num_kv_heads) * d
         w = dict(dtype=dtype, device=device)
-        self.attn_norm = _weight(h, **w)
-        self.wqkv = _weight(n_qkv, h, **w)
-        self.bqkv = _weight(n_qkv, **w) if args.qkv_bias else None
-        self.q_norm = _weight(d, **w) if args.qk_norm else None
-        self.k_norm = _weight(d, **w) if args.qk_norm else None
-        self.wo = _weight(h, args.num_heads * d, **w)
-        self.bo = _weight(h, **w) if args.o_bias else None
-        self.ffn_norm = _weight(h, **w)
-        self.w_gate_up = _weight(2 * inter, h, **w)
-        self.b_gate_up = _weight(2 * inter, **w) if args.mlp_bias else None
-        self.w_down = _weight(h, inter, **w)
-        self.b_down = _weight(h, **w) if args.mlp_bias else None
+        self.attn_norm = new_weight(h, **w)
+        self.wqkv = new_weight(n_qkv, h, **w)
+        self.bqkv = new_weight(n_qkv, **w) if args.qkv_bias else None
+        self.q_norm = new_weight(d, **w) if args.qk_norm else None
+        self.k_norm = new_weight(d, **w) if args.qk_norm else None
+        self.wo = new_weight(h, args.num_heads * d, **w)
+        self.bo = new_weight(h, **w) if args.o_bias else None
+        self.ffn_norm = new_weight(h, **w)
+        self.w_gate_up = new_weight(2 * inter, h, **w)
+        self.b_gate_up = new_weight(2 * inter, **w) if args.mlp_bias else None
+        self.w_down = new_weight(h, inter, **w)
+        self.b_down = new_weight(h, **w) if args.mlp_bias else None
+
+    def project_kv(
+        self,
+        h: torch.Tensor,  # [B, T, H], used as-is (no input norm): e.g. DFlash context features
+        cos: torch.Tensor,  # [T, d]
+        sin: torch.Tensor,  # [T, d]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # k, v: [B, n_kv, T, d]
+        """Keys and values of inputs that serve only as keys (no query, no residual)."""
+        a = self.args
+        bsz, t, _ = h.shape
+        q_rows, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        bias = None if self.bqkv is None else self.bqkv[q_rows:]
+        k, v = linear(h, self.wqkv[q_rows:], bias).split([kv, kv], dim=-1)
+        k = k.view(bsz, t, a.num_kv_heads, a.head_dim)
+        if self.k_norm is not None:
+            k = rms_norm(k, self.k_norm, a.rms_norm_eps)
+        k = apply_rope(k, cos, sin).transpose(1, 2)
+        return k, v.view(bsz, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -103,13 +121,13 @@ class Transformer(nn.Module):
         dev = torch.device(device)
         self.args = args
         self.dtype = dtype
-        self.embed = _weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
+        self.embed = new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
         self.layers = nn.ModuleList(DecoderLayer(args, dtype, dev) for _ in range(args.num_layers))
-        self.norm = _weight(args.hidden_size, dtype=dtype, device=dev)
+        self.norm = new_weight(args.hidden_size, dtype=dtype, device=dev)
         self.lm_head = (
             self.embed  # tied: the same storage
             if args.tie_word_embeddings
-            else _weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
+            else new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
         )
         self._cos = self._sin = torch.empty(0, args.head_dim, dtype=dtype, device=dev)
 
@@ -138,8 +156,11 @@ class Transformer(nn.Module):
         return F.embedding(tokens, self.embed)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
-        """Final norm + LM head (drafters reuse the target's)."""
-        normed = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
+        """Final norm + LM head."""
+        return self.head(rms_norm(hidden, self.norm, self.args.rms_norm_eps))
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
+        """The LM head alone (drafters apply their own final norm, then this)."""
         return linear(normed, self.lm_head, None)
 
     @torch.inference_mode()

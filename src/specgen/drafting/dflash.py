@@ -1,0 +1,96 @@
+"""`--method dflash`: z-lab's block-diffusion drafter (one parallel pass per block).
+
+Each step embeds [anchor, MASK x (B-1)], runs the drafter once over it with the target's
+context features injected as K/V, and takes the argmax of the target's LM head at slots
+1..B-1: B-1 draft tokens from one small forward. Context K/V are appended as the target
+commits tokens (never recomputed) and rolled back with the target's cache.
+
+Sampling (temperature > 0) still drafts greedily: the draft is a point mass, and the
+shared verifier accepts d with probability p(d) and otherwise samples from p with d
+removed. That is exact rejection sampling for a point-mass proposal, so the output has
+the target's distribution; drafting at temperature would only change the acceptance rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specgen.drafting.base import Draft, empty_draft, register
+from specgen.errors import SpecgenError
+from specgen.hub import resolve_drafter
+from specgen.models.dflash import DFlashNet, load_dflash
+
+if TYPE_CHECKING:
+    from specgen.config import SpecConfig
+    from specgen.models.transformer import Transformer
+
+
+@register("dflash")
+class DFlashMethod:
+    architectures: tuple[str, ...] = ("DFlashDraftModel",)
+    needs_drafter = True
+
+    def __init__(self, net: DFlashNet, target: Transformer, block_size: int) -> None:
+        self.net = net
+        self.target = target
+        self.block_size = block_size
+        self.max_draft_tokens = block_size - 1
+
+    @classmethod
+    def load(
+        cls,
+        target: Transformer,
+        spec: SpecConfig,
+        *,
+        target_name: str,
+        notify: Callable[[str], None] | None = None,
+    ) -> DFlashMethod:
+        source = spec.drafter
+        if source is None:  # Pipeline.load fills in the registry's; direct use must say
+            raise SpecgenError(f"no dflash drafter given for {target_name}; pass --drafter")
+        if notify:
+            notify(f"loading DFlash drafter {source}")
+        net = load_dflash(
+            resolve_drafter(source), target=target, target_name=target_name, name=source
+        )
+        block = spec.block_size or net.args.block_size
+        if block > net.args.block_size:
+            raise SpecgenError(
+                f"--block-size {block} exceeds the block {net.args.block_size} {source} was "
+                "trained with (smaller blocks work, larger ones do not)"
+            )
+        return cls(net, target, block)
+
+    def new_drafter(self, capacity: int) -> DFlashDrafter:
+        return DFlashDrafter(self, capacity)
+
+
+class DFlashDrafter:
+    def __init__(self, method: DFlashMethod, capacity: int) -> None:
+        self.net, self.target = method.net, method.target
+        self.block_size = method.block_size
+        self.max_draft_tokens = method.max_draft_tokens
+        self.taps = method.net.args.target_layer_ids
+        self.cache = self.net.new_cache(capacity)
+        self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
+
+    def rollback(self, length: int) -> None:
+        if length < self.cache.length:
+            self.cache.rollback(length)
+
+    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
+        features = torch.cat([taps[i] for i in self.taps], dim=-1)  # [1, T, K*H]
+        self.net.extend(self.cache, features)
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, max_tokens: int) -> Draft:
+        k = min(max_tokens, self.max_draft_tokens)
+        if k <= 0:
+            return empty_draft(self.target.device)
+        ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
+        hidden = self.net.block_hidden(self.cache, self.target.embed_tokens(ids))
+        logits = self.target.head(hidden[:, 1:])  # slot j predicts position anchor + j
+        return Draft(tokens=logits.argmax(dim=-1)[:, :k])

@@ -1,0 +1,208 @@
+"""The DFlash drafter network, in z-lab's published format (`DFlashDraftModel`).
+
+A few Qwen3-style layers (q/k RMSNorm) whose keys and values come from two places:
+- context: the target's hidden states after `target_layer_ids` for every committed token,
+  concatenated, fused by `fc` + `hidden_norm`, then projected by each layer's k/v weights
+  (k_norm and RoPE at the token's absolute position). These are computed once per
+  committed token and kept in a static cache (`extend`), rolled back with the target.
+- the block: [anchor, MASK x (B-1)] embedded with the target's embedding, at positions
+  anchor_pos .. anchor_pos+B-1. Queries come from the block only; each attends to every
+  context key strictly before the block and, non-causally, to the whole block. Block K/V
+  are written after the context but never committed, so they vanish after the pass.
+The final `norm` output goes through the target's LM head (the checkpoint has neither an
+embedding nor a head). Slot k of the block predicts the token at anchor_pos + k.
+Layers marked `sliding_attention` only see keys within `sliding_window` positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specgen.config import ModelArgs
+from specgen.errors import CheckpointError
+from specgen.kernels.linear import linear
+from specgen.models.kv_cache import StaticKVCache
+from specgen.models.loading import SafetensorsIndex, fill, layer_plan, read_config, shape_for
+from specgen.models.norm import rms_norm
+from specgen.models.rope import rope_tables
+from specgen.models.transformer import DecoderLayer, Transformer, new_weight
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default when a config names no layers: spread from layer 1 to N-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [
+        int(round(start + i * (end - start) / (num_draft_layers - 1)))
+        for i in range(num_draft_layers)
+    ]
+
+
+@dataclass(frozen=True)
+class DFlashArgs:
+    layers: ModelArgs  # the drafter's own decoder layers
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    windows: tuple[int | None, ...]  # per layer: sliding window, or None for full attention
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], *, name: str) -> DFlashArgs:
+        nested = cfg.get("dflash_config") or {}
+        # the drafter's sliding windows are per layer (layer_types), not the target-style flag
+        layers = ModelArgs.from_hf({**cfg, "use_sliding_window": False}, name=name)
+        layers = replace(layers, family="qwen3", qk_norm=True)  # DFlash layers always have them
+        mask = nested.get("mask_token_id", cfg.get("mask_token_id"))
+        if mask is None:
+            raise CheckpointError(f"{name}: config.json has no dflash_config.mask_token_id")
+        num_target = cfg.get("num_target_layers")
+        ids = nested.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if ids is None:
+            if num_target is None:
+                raise CheckpointError(
+                    f"{name}: config.json names neither target layers nor their count"
+                )
+            ids = build_target_layer_ids(int(num_target), layers.num_layers)
+        types = cfg.get("layer_types") or ["full_attention"] * layers.num_layers
+        window = cfg.get("sliding_window")
+        if len(types) != layers.num_layers:
+            raise CheckpointError(
+                f"{name}: layer_types has {len(types)} entries for {layers.num_layers} layers"
+            )
+        if "sliding_attention" in types and not window:
+            raise CheckpointError(f"{name}: sliding_attention layers but no sliding_window")
+        windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
+        return cls(
+            layers=layers,
+            block_size=int(cfg.get("block_size", 16)),
+            mask_token_id=int(mask),
+            target_layer_ids=tuple(int(i) for i in ids),
+            num_target_layers=None if num_target is None else int(num_target),
+            windows=windows,
+        )
+
+
+def check_pair(args: DFlashArgs, target: ModelArgs, drafter: str, target_name: str) -> None:
+    """Refuse a drafter that was not built for this target, naming both."""
+    problems = []
+    if args.layers.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {args.layers.hidden_size} vs {target.hidden_size}")
+    if args.layers.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {args.layers.vocab_size} vs {target.vocab_size}")
+    if args.num_target_layers not in (None, target.num_layers):
+        problems.append(
+            f"built for {args.num_target_layers} target layers, target has {target.num_layers}"
+        )
+    bad = [i for i in args.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        problems.append(f"target layer ids {bad} outside 0..{target.num_layers - 1}")
+    if not 0 <= args.mask_token_id < target.vocab_size:
+        problems.append(
+            f"mask token {args.mask_token_id} outside the vocabulary ({target.vocab_size})"
+        )
+    if args.block_size < 2:
+        problems.append(f"block size {args.block_size}")
+    if problems:
+        raise CheckpointError(
+            f"drafter {drafter} does not fit target {target_name}: {'; '.join(problems)}"
+        )
+
+
+class DFlashNet(nn.Module):
+    def __init__(self, args: DFlashArgs, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        la = args.layers
+        self.args = args
+        self.dtype = dtype
+        w = dict(dtype=dtype, device=device)
+        self.fc = new_weight(la.hidden_size, len(args.target_layer_ids) * la.hidden_size, **w)
+        self.hidden_norm = new_weight(la.hidden_size, **w)
+        self.norm = new_weight(la.hidden_size, **w)
+        self.layers = nn.ModuleList(DecoderLayer(la, dtype, device) for _ in range(la.num_layers))
+        self._cos = self._sin = torch.empty(0, la.head_dim, dtype=dtype, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.device
+
+    def new_cache(self, capacity: int) -> StaticKVCache:
+        """Context K/V for `capacity` committed tokens, plus room for one block."""
+        la, total = self.args.layers, capacity + self.args.block_size
+        if self._cos.shape[0] < total:
+            self._cos, self._sin = rope_tables(
+                la.rope, la.head_dim, total, dtype=self.dtype, device=self.device
+            )
+        return StaticKVCache(
+            num_layers=la.num_layers,
+            batch=1,
+            num_kv_heads=la.num_kv_heads,
+            head_dim=la.head_dim,
+            capacity=total,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def extend(self, cache: StaticKVCache, features: torch.Tensor) -> None:
+        """Append the context K/V of T committed tokens. features: [1, T, K*H]."""
+        start, t = cache.length, features.shape[1]
+        ctx = rms_norm(
+            linear(features, self.fc, None), self.hidden_norm, self.args.layers.rms_norm_eps
+        )
+        cos, sin = self._cos[start : start + t], self._sin[start : start + t]
+        for i, layer in enumerate(self.layers):
+            cache.write(i, *layer.project_kv(ctx, cos, sin))
+        cache.commit(start + t)
+
+    @torch.inference_mode()
+    def block_hidden(self, cache: StaticKVCache, x: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states of a block [1, B, H] placed right after the context."""
+        start, t = cache.length, x.shape[1]
+        cos, sin = self._cos[start : start + t], self._sin[start : start + t]
+        for i, layer in enumerate(self.layers):
+            mask = _window_mask(self.args.windows[i], start, t, x.device)
+            x = layer(x, cos, sin, cache, i, mask, False)  # written, never committed
+        return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
+
+
+def _window_mask(window: int | None, start: int, t: int, device: torch.device):
+    """For a sliding layer: key k is visible to query q iff |q - k| < window."""
+    if window is None:
+        return None
+    q = torch.arange(start, start + t, device=device)[:, None]
+    k = torch.arange(start + t, device=device)[None, :]
+    return (q - k).abs() < window
+
+
+def load_dflash(path: Path, *, target: Transformer, target_name: str, name: str) -> DFlashNet:
+    """Load a z-lab-format DFlash drafter for `target` (validated as a pair first)."""
+    args = DFlashArgs.from_hf(read_config(path, name), name=name)
+    check_pair(args, target.args, name, target_name)
+    index = SafetensorsIndex(path, name)
+    net = DFlashNet(args, dtype=target.dtype, device=target.device)
+    la = args.layers
+    h = la.hidden_size
+
+    def plan():
+        yield "fc.weight", net.fc, 0
+        yield "hidden_norm.weight", net.hidden_norm, 0
+        yield "norm.weight", net.norm, 0
+        for i, layer in enumerate(net.layers):
+            yield from layer_plan(la, layer, f"layers.{i}.")
+
+    def shape_of(key: str) -> tuple[int, ...]:
+        if key == "fc.weight":
+            return (h, len(args.target_layer_ids) * h)
+        if key in ("hidden_norm.weight", "norm.weight"):
+            return (h,)
+        return shape_for(la, key)
+
+    fill(plan(), index, shape_of, net.device)
+    return net.eval()

@@ -33,11 +33,13 @@ class DFlashMethod:
     architectures: tuple[str, ...] = ("DFlashDraftModel",)
     needs_drafter = True
 
-    def __init__(self, net: DFlashNet, target: Transformer, block_size: int) -> None:
+    def __init__(
+        self, net: DFlashNet, target: Transformer, block_size: int, draft_tokens: int | None
+    ) -> None:
         self.net = net
         self.target = target
         self.block_size = block_size
-        self.max_draft_tokens = block_size - 1
+        self.max_draft_tokens = min(block_size - 1, draft_tokens or block_size)
 
     @classmethod
     def load(
@@ -62,7 +64,7 @@ class DFlashMethod:
                 f"--block-size {block} exceeds the block {net.args.block_size} {source} was "
                 "trained with (smaller blocks work, larger ones do not)"
             )
-        return cls(net, target, block)
+        return cls(net, target, block, spec.draft_tokens)
 
     def new_drafter(self, capacity: int) -> DFlashDrafter:
         return DFlashDrafter(self, capacity)

@@ -55,6 +55,11 @@ class ResolvedModel:
     source: str  # "local", "gguf", "hub-cache", "embedded" or "download"
 
 
+def _is_repo_id(spec: str) -> bool:
+    """`org/name`, and not a relative path that merely looks like one."""
+    return bool(_REPO_ID.match(spec)) and not spec.startswith((".", "~"))
+
+
 def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -67,7 +72,7 @@ def resolve_model(spec: str, *, notify: Notify | None = None) -> ResolvedModel:
     entry = MODELS.get(spec.lower())
     if entry is not None:
         return _resolve_alias(entry, notify)
-    if _REPO_ID.match(spec) and not spec.startswith((".", "~")):
+    if _is_repo_id(spec):
         return ResolvedModel(download(spec), spec, "download")
     if "/" in spec or spec.endswith(".gguf"):
         raise ModelNotFoundError(f"{spec}: no such file or directory")
@@ -172,6 +177,6 @@ def resolve_drafter(spec: str) -> Path:
         if (path / "config.json").is_file():
             return path
         raise ModelNotFoundError(f"{spec}: not a drafter checkpoint (no config.json)")
-    if _REPO_ID.match(spec) and not spec.startswith((".", "~")):
+    if _is_repo_id(spec):
         return download(spec)
     raise ModelNotFoundError(f"{spec}: no such drafter directory or Hub repo")

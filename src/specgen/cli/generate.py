@@ -36,6 +36,7 @@ from specgen.cli.options import (
 from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import PromptError, SpecgenError
+from specgen.pipeline import Completion
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
@@ -159,15 +160,12 @@ class _Answerer:
 
     def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None) -> None:
         if self.json_out:
-            display.write_json(
-                {
-                    "prompt": prompt,
-                    "text": self.pipe.codec.decode(tokens),
-                    "token_ids": tokens,
-                    "stats": stats.to_dict() if stats is not None else None,
-                    **({"trace": stats.trace} if stats and stats.trace is not None else {}),
-                }
-            )
+            text = self.pipe.codec.decode(tokens)
+            if stats is None:  # interrupted before the first token
+                record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
+            else:
+                record = Completion(prompt, text, tokens, stats).to_dict()
+            display.write_json(record)
             return
         display.write("\n")
         if stats is not None and not self.quiet and sys.stderr.isatty():

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from specgen.drafting import DRAFTERS
+from specgen.pipeline import METHODS
 from specgen.registry import DEFAULT_ALIAS
 
 # Only methods that work are offered: plain AR plus every registered drafter.
-Method = Enum("Method", {name: name for name in ("ar", *DRAFTERS)}, type=str)
+Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
 
 ModelOpt = Annotated[

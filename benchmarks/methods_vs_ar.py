@@ -53,7 +53,16 @@ def main() -> None:
     parser.add_argument(
         "--no-schedule", action="store_true", help="verify every draft whole (no scheduler)"
     )
+    parser.add_argument("--verify-policy", default="cost", help="cost, full or threshold=X")
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        metavar="METHOD=DIR",
+        help="drafter checkpoint for a method (e.g. dspark=path/to/drafter); repeatable",
+    )
     args = parser.parse_args()
+    drafters = dict(d.split("=", 1) for d in args.drafter)
 
     from specgen.cli.common import quiet_libraries
     from specgen.config import SpecConfig
@@ -65,11 +74,18 @@ def main() -> None:
     base = Pipeline.load(args.model, dtype=args.dtype)
     engines = {"ar": base}
     for method in args.methods.split(","):
-        spec = SpecConfig(method=method, schedule=not args.no_schedule)
+        policy = "full" if args.no_schedule else args.verify_policy
+        spec = SpecConfig(method=method, drafter=drafters.get(method), verify_policy=policy)
         loaded = DRAFTERS[method].load(base.model, spec, target_name=base.name)
         costs = None
-        if spec.schedule:
-            costs = cached_costs(base.model, base.name, loaded.max_draft_tokens)
+        if spec.verify_policy.needs_costs:
+            costs = cached_costs(
+                base.model,
+                base.name,
+                loaded.max_draft_tokens,
+                method=loaded,
+                drafter_key=f"{method}|{spec.drafter}",
+            )
         engines[method] = Pipeline(
             base.model, base.codec, base.name, base.context, spec, costs, loaded
         )

@@ -121,7 +121,7 @@ def test_cached_drafter_equals_the_slow_reference(target, tmp_path, windows):
 @pytest.fixture(scope="module")
 def pipes(tiny_qwen3_deep, tiny_dflash):
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), schedule=False, trace=True)
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full", trace=True)
     dflash = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
     return ar, dflash
 
@@ -150,7 +150,7 @@ def test_drafter_context_follows_the_target_cache(pipes):
 
 
 def test_smaller_block_size_and_too_large_one(tiny_qwen3_deep, tiny_dflash):
-    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), block_size=4, schedule=False)
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), block_size=4, verify_policy="full")
     pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
     out = pipe.generate("The quick brown fox", max_new_tokens=10)
     assert out.stats.drafted <= 3 * out.stats.steps
@@ -160,7 +160,7 @@ def test_smaller_block_size_and_too_large_one(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_drafter_kind_is_read_from_its_config(tiny_qwen3_deep, tiny_dflash):
-    spec = SpecConfig(drafter=str(tiny_dflash), schedule=False)  # method left at "ar"
+    spec = SpecConfig(drafter=str(tiny_dflash), verify_policy="full")  # method left at "ar"
     pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
     assert pipe.spec.method == "dflash"
 

@@ -161,7 +161,7 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
         num_target_layers=30,
         scale=0.05,
     )
-    spec = SpecConfig(method="dflash", drafter=str(path), schedule=False)
+    spec = SpecConfig(method="dflash", drafter=str(path), verify_policy="full")
     method = DFlashMethod.load(pipe.model, spec, target_name=pipe.name)
     assert method.net.args.target_layer_ids == (15,)  # derived: one layer -> the middle
     dflash = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, None, method)

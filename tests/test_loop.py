@@ -14,6 +14,7 @@ from specgen.engine.loop import generate_speculative
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
+from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.scheduler import VerifyScheduler
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
@@ -34,7 +35,7 @@ class OracleDrafter:
     def observe(self, tokens, taps):
         self.context += list(tokens)
 
-    def propose(self, anchor, max_tokens):
+    def propose(self, anchor, max_tokens, params=None, generator=None):
         seq = self.context + [anchor]
         out = []
         for _ in range(min(max_tokens, self.max_draft_tokens)):
@@ -47,7 +48,7 @@ class OracleDrafter:
 class WrongDrafter(OracleDrafter):
     """Proposes the greedy continuation with every third token changed."""
 
-    def propose(self, anchor, max_tokens):
+    def propose(self, anchor, max_tokens, params=None, generator=None):
         draft = super().propose(anchor, max_tokens)
         tokens = draft.tokens.clone()
         tokens[:, 2::3] = (tokens[:, 2::3] + 1) % self.model.args.vocab_size
@@ -134,7 +135,7 @@ def test_cache_after_partial_acceptance_equals_a_fresh_prefill(model):
 
 def test_scheduler_trims_without_changing_the_output(model):
     costs = CostTable(contexts=(16,), seconds=((1.0, 1.1, 1.3, 1.6, 2.0),))
-    scheduler = VerifyScheduler(costs)
+    scheduler = VerifyScheduler(VerifyPolicy(), costs)
     tokens, events, _ = _spec(model, WrongDrafter(model, 4), 30, scheduler=scheduler)
     assert tokens == _ar(model, 30)
     assert all(e.drafted <= costs.max_drafts for e in events)
@@ -143,8 +144,8 @@ def test_scheduler_trims_without_changing_the_output(model):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ngram_equals_ar_greedy(tiny_dirs, family):
     base = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32")
-    for schedule in (False, True):
-        spec = SpecConfig(method="ngram", schedule=schedule)
+    for policy in ("full", "cost", "threshold=0.5"):
+        spec = SpecConfig(method="ngram", verify_policy=policy)
         ngram = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32", spec=spec)
         for text in ("The quick brown fox jumps over the lazy dog. The quick brown", "def add"):
             want = base.generate(text, raw=True, max_new_tokens=40).token_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specgen.scheduling.acceptance import PRIOR_RATE, AcceptanceTracker
-from specgen.scheduling.verify_length import choose_verify_length
+from specgen.scheduling.verify_length import choose_verify_length, survival
 
 
 def test_everything_accepted_and_cheap_verification_takes_all():
@@ -18,10 +18,12 @@ def test_hopeless_drafts_are_not_verified():
 
 
 def test_stops_at_the_first_slot_that_does_not_pay():
-    # slot 2 lowers tokens/s, so admission stops there even though slot 3 alone would pay
-    survival = [0.9, 0.1, 0.1]
-    costs = [1.0, 1.1, 1.6, 1.61]
-    decision = choose_verify_length(survival, step_seconds=costs)
+    # slot 2 lowers tokens/s, so admission stops there although a global argmax over the
+    # (jagged) costs would take all three
+    conditional = [0.9, 0.1, 1.0]
+    costs = [1.0, 1.1, 1.6, 1.15]
+    assert (1 + 0.9 + 0.09 + 0.09) / 1.15 > 1.9 / 1.1
+    decision = choose_verify_length(conditional, step_seconds=costs)
     assert decision.length == 1
     assert decision.expected_rate == pytest.approx(1.9 / 1.1)
 
@@ -33,30 +35,30 @@ def test_expensive_verification_needs_high_acceptance():
 
 
 @pytest.mark.parametrize(
-    "survival, costs",
+    "conditional, costs",
     [([0.5], [1.0]), ([1.2], [1.0, 1.0]), ([0.5], [1.0, 0.0])],
 )
-def test_bad_inputs_are_refused(survival, costs):
+def test_bad_inputs_are_refused(conditional, costs):
     with pytest.raises(ValueError):
-        choose_verify_length(survival, step_seconds=costs)
+        choose_verify_length(conditional, step_seconds=costs)
 
 
 def test_tracker_starts_at_the_prior_and_learns():
     tracker = AcceptanceTracker(max_positions=3)
-    assert tracker.survival(1, 2) == pytest.approx([PRIOR_RATE, PRIOR_RATE**2])
+    assert survival(tracker.rates(1, 2)) == pytest.approx([PRIOR_RATE, PRIOR_RATE**2])
     for _ in range(40):
         tracker.record(1, verified=3, accepted=3)
         tracker.record(2, verified=3, accepted=0)
-    assert tracker.survival(1, 3)[-1] > 0.8
-    assert tracker.survival(2, 1)[0] < 0.1
-    assert tracker.survival(3, 1) == pytest.approx([PRIOR_RATE])  # an unseen bucket
+    assert survival(tracker.rates(1, 3))[-1] > 0.8
+    assert survival(tracker.rates(2, 1))[0] < 0.1
+    assert survival(tracker.rates(3, 1)) == pytest.approx([PRIOR_RATE])  # an unseen bucket
 
 
 def test_only_positions_that_were_judged_count():
     tracker = AcceptanceTracker(max_positions=4)
     for _ in range(50):
         tracker.record(0, verified=4, accepted=1)  # position 3 and 4 were never judged
-    rates = tracker.survival(0, 4)
+    rates = survival(tracker.rates(0, 4))
     assert rates[0] > 0.9 and rates[1] / rates[0] < 0.1
     # positions 3 and 4 keep the prior conditional rate: no evidence about them
     assert rates[3] / rates[2] == pytest.approx(PRIOR_RATE)
@@ -66,10 +68,10 @@ def test_unused_buckets_drift_back_to_the_prior():
     tracker = AcceptanceTracker(max_positions=1)
     for _ in range(30):
         tracker.record(5, verified=1, accepted=0)
-    low = tracker.survival(5, 1)[0]
+    low = survival(tracker.rates(5, 1))[0]
     for _ in range(200):
         tracker.record(6, verified=1, accepted=1)
-    assert low < tracker.survival(5, 1)[0] < PRIOR_RATE + 1e-9
+    assert low < survival(tracker.rates(5, 1))[0] < PRIOR_RATE + 1e-9
 
 
 def test_cost_table_interpolates_in_the_context():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.errors import CheckpointError, SpecgenError
+from specgen.scheduling.policy import VerifyPolicy
 
 # model_type -> family. The family decides which projections carry biases and whether the
 # attention has per-head q/k RMSNorm; everything else is read from the config itself.
@@ -161,8 +162,10 @@ class SpecConfig:
     `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry.
     `draft_tokens` caps the tokens drafted per step (None: the method's default).
     `block_size` runs a block drafter at a smaller block than it was trained with.
-    `schedule` trims each draft to the verify length with the best expected tokens per
-    second (measured costs + acceptance so far); off, every draft is verified whole.
+    `verify_policy` chooses each step's verify length: "cost" (best expected tokens per
+    second from confidences or acceptance so far, and measured costs), "full" (every draft
+    token) or "threshold=X" (while each token's acceptance estimate is >= X); a string or
+    a `VerifyPolicy`.
     `trace` records every step (draft, verify length, accepted, bonus) in the stats.
     """
 
@@ -170,10 +173,12 @@ class SpecConfig:
     drafter: str | None = None
     draft_tokens: int | None = None
     block_size: int | None = None
-    schedule: bool = True
+    verify_policy: VerifyPolicy | str = field(default_factory=VerifyPolicy)
     trace: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.verify_policy, str):
+            object.__setattr__(self, "verify_policy", VerifyPolicy.parse(self.verify_policy))
         if self.draft_tokens is not None and self.draft_tokens < 1:
             raise SpecgenError(f"--draft-tokens must be at least 1 (got {self.draft_tokens})")
         if self.block_size is not None and self.block_size < 2:

@@ -119,8 +119,8 @@ class Pipeline:
         costs: CostTable | None = None,
         method: DraftMethod | None = None,
     ) -> None:
-        """Usually made by `load`. `costs` (measured verify times) enables trimming drafts
-        to the best verify length; without it every draft is verified whole. `method` is
+        """Usually made by `load`. `costs` (measured verify and draft times) is what the
+        "cost" verify policy needs; without it every draft is verified whole. `method` is
         the loaded draft method (loaded here from `spec` when not given)."""
         self.model = model
         self.codec = codec
@@ -176,9 +176,17 @@ class Pipeline:
             method = DRAFTERS[spec.method].load(
                 target, spec, target_name=resolved.name, notify=notify
             )
-            if spec.schedule:
+            if spec.verify_policy.needs_costs:
                 key = f"{resolved.name}|{resolved.path}"
-                costs = cached_costs(target, key, method.max_draft_tokens, notify)
+                drafter_key = f"{spec.method}|{spec.drafter}|{spec.block_size}|{spec.draft_tokens}"
+                costs = cached_costs(
+                    target,
+                    key,
+                    method.max_draft_tokens,
+                    notify,
+                    method=method,
+                    drafter_key=drafter_key,
+                )
         context = context or min(limit, DEFAULT_CONTEXT)
         return cls(target, codec, resolved.name, context, spec, costs, method)
 
@@ -187,7 +195,10 @@ class Pipeline:
         if self.method is None:
             return Session(self.model, self.context)
         drafter = self.method.new_drafter(self.context)
-        scheduler = VerifyScheduler(self.costs) if self.costs is not None else None
+        policy = self.spec.verify_policy
+        scheduler = None  # every draft verified whole
+        if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
+            scheduler = VerifyScheduler(policy, self.costs)
         return Session(self.model, self.context, drafter, scheduler)
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:

@@ -24,7 +24,7 @@ import torch
 from specgen.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from specgen.config import SpecConfig
+    from specgen.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 
@@ -39,7 +39,9 @@ class Draft:
 
     tokens: torch.Tensor  # [B, k] int64
     probs: torch.Tensor | None = None  # [B, k, V]
-    confidence: torch.Tensor | None = None  # [B, k]: P(first j accepted), for scheduling
+    # [B, k] fp32: c_j = P(d_j accepted | d_1..d_{j-1} accepted), the drafter's own estimate
+    # from what it knew before drawing d_j (for the verify-length scheduler)
+    confidence: torch.Tensor | None = None
     bucket: int = 0  # a class of drafts whose acceptance is tracked apart (e.g. match length)
 
     @property
@@ -68,8 +70,17 @@ class Drafter(Protocol):
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
         """Tokens just committed to the target cache, with their hidden states [B, T, H]."""
 
-    def propose(self, anchor: int, max_tokens: int) -> Draft:
-        """Up to `max_tokens` tokens to follow `anchor` (fewer, or none, is allowed)."""
+    def propose(
+        self,
+        anchor: int,
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Up to `max_tokens` tokens to follow `anchor` (fewer, or none, is allowed).
+
+        A drafter that samples draws from `generator` (the request's, so seeded runs repeat;
+        None when no sampling is wanted) and returns the distributions it drew from."""
 
 
 class DraftMethod(Protocol):

@@ -24,7 +24,7 @@ from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
 
 if TYPE_CHECKING:
-    from specgen.config import SpecConfig
+    from specgen.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 
@@ -88,7 +88,13 @@ class DFlashDrafter:
         self.net.extend(self.cache, features)
 
     @torch.inference_mode()
-    def propose(self, anchor: int, max_tokens: int) -> Draft:
+    def propose(
+        self,
+        anchor: int,
+        max_tokens: int,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
         k = min(max_tokens, self.max_draft_tokens)
         if k <= 0:
             return empty_draft(self.target.device)

@@ -20,7 +20,7 @@ import torch
 from specgen.drafting.base import Draft, empty_draft, register
 
 if TYPE_CHECKING:
-    from specgen.config import SpecConfig
+    from specgen.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 DEFAULT_DRAFT_TOKENS = 10
@@ -86,7 +86,13 @@ class NgramDrafter:
             if end - n + 1 >= 0:
                 self._ends[n][tuple(self.context[end - n + 1 : end + 1])] = end
 
-    def propose(self, anchor: int, max_tokens: int) -> Draft:
+    def propose(
+        self,
+        anchor: int,
+        max_tokens: int,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
         sequence = self.context + [anchor]
         last = len(self.context) - 1  # the newest end an earlier match can have
         limit = min(max_tokens, self.max_draft_tokens)

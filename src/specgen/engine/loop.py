@@ -69,7 +69,9 @@ def generate_speculative(
     yield StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
     while finish is None:
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
-        proposal = drafter.propose(anchor, room) if room > 0 else empty_draft(device)
+        proposal = (
+            drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
+        )
         draft = proposal if scheduler is None else scheduler.trim(proposal, cache.length)
         drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         start = cache.length

@@ -27,7 +27,14 @@ from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.kv_cache import StaticKVCache
-from specgen.models.loading import SafetensorsIndex, fill, layer_plan, read_config, shape_for
+from specgen.models.loading import (
+    Plan,
+    SafetensorsIndex,
+    fill,
+    layer_plan,
+    read_config,
+    shape_for,
+)
 from specgen.models.norm import rms_norm
 from specgen.models.rope import rope_tables
 from specgen.models.transformer import DecoderLayer, Transformer, new_weight
@@ -89,9 +96,17 @@ class DFlashArgs:
         )
 
 
-def check_pair(args: DFlashArgs, target: ModelArgs, drafter: str, target_name: str) -> None:
-    """Refuse a drafter that was not built for this target, naming both."""
-    problems = []
+def check_pair(
+    args: DFlashArgs,
+    target: ModelArgs,
+    drafter: str,
+    target_name: str,
+    extra: list[str] | None = None,
+    min_block: int = 2,
+) -> None:
+    """Refuse a drafter that was not built for this target, naming both (and `extra`
+    problems the caller found)."""
+    problems = list(extra or [])
     if args.layers.hidden_size != target.hidden_size:
         problems.append(f"hidden size {args.layers.hidden_size} vs {target.hidden_size}")
     if args.layers.vocab_size != target.vocab_size:
@@ -107,7 +122,7 @@ def check_pair(args: DFlashArgs, target: ModelArgs, drafter: str, target_name: s
         problems.append(
             f"mask token {args.mask_token_id} outside the vocabulary ({target.vocab_size})"
         )
-    if args.block_size < 2:
+    if args.block_size < min_block:
         problems.append(f"block size {args.block_size}")
     if problems:
         raise CheckpointError(
@@ -181,28 +196,29 @@ def _window_mask(window: int | None, start: int, t: int, device: torch.device):
     return (q - k).abs() < window
 
 
+def backbone_plan(net: DFlashNet) -> Plan:
+    """The checkpoint tensors of the block backbone (z-lab's and DeepSpec's names agree)."""
+    yield "fc.weight", net.fc, 0
+    yield "hidden_norm.weight", net.hidden_norm, 0
+    yield "norm.weight", net.norm, 0
+    for i, layer in enumerate(net.layers):
+        yield from layer_plan(net.args.layers, layer, f"layers.{i}.")
+
+
+def backbone_shape(args: DFlashArgs, key: str) -> tuple[int, ...]:
+    h = args.layers.hidden_size
+    if key == "fc.weight":
+        return (h, len(args.target_layer_ids) * h)
+    if key in ("hidden_norm.weight", "norm.weight"):
+        return (h,)
+    return shape_for(args.layers, key)
+
+
 def load_dflash(path: Path, *, target: Transformer, target_name: str, name: str) -> DFlashNet:
     """Load a z-lab-format DFlash drafter for `target` (validated as a pair first)."""
     args = DFlashArgs.from_hf(read_config(path, name), name=name)
     check_pair(args, target.args, name, target_name)
     index = SafetensorsIndex(path, name)
     net = DFlashNet(args, dtype=target.dtype, device=target.device)
-    la = args.layers
-    h = la.hidden_size
-
-    def plan():
-        yield "fc.weight", net.fc, 0
-        yield "hidden_norm.weight", net.hidden_norm, 0
-        yield "norm.weight", net.norm, 0
-        for i, layer in enumerate(net.layers):
-            yield from layer_plan(la, layer, f"layers.{i}.")
-
-    def shape_of(key: str) -> tuple[int, ...]:
-        if key == "fc.weight":
-            return (h, len(args.target_layer_ids) * h)
-        if key in ("hidden_norm.weight", "norm.weight"):
-            return (h,)
-        return shape_for(la, key)
-
-    fill(plan(), index, shape_of, net.device)
+    fill(backbone_plan(net), index, lambda key: backbone_shape(args, key), net.device)
     return net.eval()

@@ -22,15 +22,14 @@ class AcceptanceTracker:
     trials: dict[int, list[float]] = field(default_factory=dict)
     successes: dict[int, list[float]] = field(default_factory=dict)
 
-    def survival(self, bucket: int, length: int) -> list[float]:
-        """a_1..a_length for a draft of this bucket."""
+    def rates(self, bucket: int, length: int) -> list[float]:
+        """c_1..c_length for a draft of this bucket (positions past those tracked: the last)."""
         trials = self.trials.get(bucket, [0.0] * self.max_positions)
         wins = self.successes.get(bucket, [0.0] * self.max_positions)
-        out, alive = [], 1.0
-        for i in range(min(length, self.max_positions)):
-            rate = (wins[i] + PRIOR_RATE * PRIOR_WEIGHT) / (trials[i] + PRIOR_WEIGHT)
-            alive *= rate
-            out.append(alive)
+        out = []
+        for i in range(length):
+            j = min(i, self.max_positions - 1)
+            out.append((wins[j] + PRIOR_RATE * PRIOR_WEIGHT) / (trials[j] + PRIOR_WEIGHT))
         return out
 
     def record(self, bucket: int, verified: int, accepted: int) -> None:

@@ -1,12 +1,14 @@
-"""Measured step costs: how long the target takes to verify n draft tokens (n = 0..k).
+"""Measured step costs: how long the target takes to verify n draft tokens (n = 0..k), and
+how long the drafter takes to propose a block.
 
 Costs depend on the context length too (attention over the cache grows with it, faster
 for a multi-token block than for one token), so they are measured after two context
-lengths and interpolated linearly in between (extrapolated beyond). Profiled once per
-(model, dtype, device, threads, torch) and cached as JSON under $SPECGEN_HOME/costs/, so
-later runs (and seeded sampling runs, whose verify lengths depend on these numbers) reuse
-the same table. Timings never enter tests; they only steer the verify length, which does
-not change which tokens come out.
+lengths and interpolated linearly in between (extrapolated beyond). The drafter's time per
+step (propose, then observe a few committed tokens) is measured once per drafter. Both are
+profiled once per (model, drafter, dtype, device, threads, torch) and cached as JSON under
+$SPECGEN_HOME/costs/, so later runs (and seeded sampling runs, whose verify lengths depend
+on these numbers) reuse them. Timings never enter tests; they only steer the verify
+length, which does not change which tokens come out.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from specgen.models.transformer import Transformer
 from specgen.paths import specgen_home
+
+if TYPE_CHECKING:
+    from specgen.drafting.base import DraftMethod
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
 
@@ -29,6 +35,7 @@ PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
 class CostTable:
     contexts: tuple[int, ...]  # increasing context lengths that were measured
     seconds: tuple[tuple[float, ...], ...]  # [c][n]: a forward over n + 1 tokens at contexts[c]
+    draft_seconds: float = 0.0  # the drafter's time per step, whatever the verify length
 
     @property
     def max_drafts(self) -> int:
@@ -88,29 +95,85 @@ def measure_costs(
     return CostTable(contexts or (1,), tuple(table))
 
 
+def measure_draft_seconds(
+    method: DraftMethod, model: Transformer, *, context: int = 128, repeats: int = 5
+) -> float:
+    """A drafter's time per step after `context` tokens: propose a full block, then observe
+    the anchor and two accepted tokens and roll back (what every step does). Greedy."""
+    from specgen.config import SamplingParams
+
+    device, vocab = model.device, model.args.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    drafter = method.new_drafter(context + 8)
+    cache = model.new_cache(context + 8)
+    ids = torch.randint(0, vocab, (1, context + 3), generator=gen).to(device)
+    out = model(ids, cache, taps=drafter.taps)
+    drafter.observe(ids[0, :context].tolist(), {i: h[:, :context] for i, h in out.taps.items()})
+    step = {i: h[:, context:] for i, h in out.taps.items()}
+    anchor, params, best = int(ids[0, context]), SamplingParams(), float("inf")
+    for attempt in range(repeats + 1):  # the first warms up
+        _sync(device)
+        start = time.perf_counter()
+        drafter.propose(anchor, method.max_draft_tokens, params, None)
+        drafter.observe(ids[0, context:].tolist(), step)
+        _sync(device)
+        if attempt:
+            best = min(best, time.perf_counter() - start)
+        drafter.rollback(context)
+    return best
+
+
+def _cache_path(ident: str):
+    return specgen_home() / "costs" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+
+
+def _write_json(path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
 def cached_costs(
     model: Transformer,
     key: str,
     max_drafts: int,
     notify: Callable[[str], None] | None = None,
+    *,
+    method: DraftMethod | None = None,
+    drafter_key: str = "",
 ) -> CostTable:
-    """The cost table for `key` (model identity + dtype + device), measuring it once."""
+    """The cost table for `key` (model identity), measuring what is missing once.
+
+    With `method`, the table also carries that drafter's time per step (cached under
+    `drafter_key`, which must identify the drafter and its settings)."""
     threads = torch.get_num_threads()
     ident = f"{key}|{model.dtype}|{model.device}|threads={threads}|torch={torch.__version__}"
-    path = specgen_home() / "costs" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+    table = _load_table(_cache_path(ident), max_drafts)
+    if table is None:
+        if notify:
+            notify("measuring verify costs once for this model and device (cached)")
+        table = measure_costs(model, max_drafts)
+        record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
+        _write_json(_cache_path(ident), record)
+    if method is None:
+        return table
+    draft_ident = f"{ident}|drafter={drafter_key}"
+    path = _cache_path(draft_ident)
+    try:
+        seconds = float(json.loads(path.read_text())["draft_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        if notify:
+            notify("measuring the drafter's cost once (cached)")
+        seconds = measure_draft_seconds(method, model)
+        _write_json(path, {"key": draft_ident, "draft_seconds": seconds})
+    return replace(table, draft_seconds=seconds)
+
+
+def _load_table(path, max_drafts: int) -> CostTable | None:
     try:
         data = json.loads(path.read_text())
         table = CostTable(tuple(data["contexts"]), tuple(tuple(s) for s in data["seconds"]))
-        if table.max_drafts >= max_drafts:
-            return table
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent, unreadable or from an older format: measure again
-    if notify:
-        notify("measuring verify costs once for this model and device (cached)")
-    table = measure_costs(model, max_drafts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
-    return table
+        return None  # absent, unreadable or from an older format: measure again
+    return table if table.max_drafts >= max_drafts else None

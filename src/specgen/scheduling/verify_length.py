@@ -1,15 +1,27 @@
-"""Choose the verify length that maximises expected tokens per second.
+"""Choose how many draft tokens to verify: pure functions returning frozen decisions.
 
-Given survival estimates a_j = P(the first j draft tokens are all accepted) and the time a
-step takes when it verifies n draft tokens, a step that verifies l tokens is expected to
-commit 1 + sum_{j<=l} a_j tokens (the bonus always comes). Slots are admitted in order and
-admission stops at the first slot that does not raise expected tokens per second (the
-DSpark paper's rule).
+A draft comes with conditional acceptance estimates c_1..c_k, c_j = P(d_j accepted | d_1..
+d_{j-1} accepted): the drafter's own confidence head (DSpark) or rates learned from earlier
+steps. Survival a_j = prod_{i<=j} c_i is the chance that the first j are all accepted, so a
+step verifying l drafts commits 1 + sum_{j<=l} a_j tokens in expectation (the bonus always
+comes) and costs t_draft + t_verify(1 + l).
 
-Losslessness: the decision may only use what was known before the drafts were verified -
-estimates from earlier steps and the drafter's own signals - never the target's verdict on
-these tokens. Shortening a draft on such information only changes how much work a step
-does, not which tokens come out.
+`choose_verify_length` (the DSpark paper's Algorithm 1 for one request) admits slots in
+order and stops at the first one that does not raise the expected tokens per second.
+`threshold_length` verifies while each c_j stays at or above a threshold (DeepSpec's
+`--confidence-threshold`).
+
+Why the early stop matters (DSpark paper, Appendix A). c_{j+1} is computed from the drawn
+token d_j (the confidence head reads the previous token's Markov embedding), so c_{j+1}
+carries information about d_j's value. A rule that decides whether to verify d_j after
+looking at c_{j+1} - e.g. a global argmax over every l - verifies d_j more often when its
+value makes the later slots look good. Verification then sees a draft distribution skewed
+by the value itself, and the output stops following the target: in the paper's two-token
+example it becomes (0.85, 0.15) instead of (0.7, 0.3). Both rules here decide about d_j
+from c_1..c_j only, all known before d_j was drawn, and once they stop they never look
+further; the verify length is then a stopping time of the draft process, under which
+rejection sampling stays exact. tests/test_dspark_scheduling.py builds that example and
+shows the anticipating rule biased and ours not.
 """
 
 from __future__ import annotations
@@ -22,28 +34,57 @@ from dataclasses import dataclass
 class VerifyDecision:
     length: int  # draft tokens to verify (0: a plain decoding step)
     expected_tokens: float  # 1 + sum of survival over the admitted slots
-    expected_rate: float  # expected tokens per second
+    expected_rate: float  # expected tokens per second (0 when no costs were used)
+
+
+def survival(conditional: Sequence[float]) -> list[float]:
+    """a_j = prod_{i<=j} c_i."""
+    out, alive = [], 1.0
+    for c in conditional:
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"acceptance estimates must lie in [0, 1]: {list(conditional)}")
+        alive *= c
+        out.append(alive)
+    return out
 
 
 def choose_verify_length(
-    survival: Sequence[float], *, step_seconds: Sequence[float]
+    conditional: Sequence[float],
+    *,
+    step_seconds: Sequence[float],
+    draft_seconds: float = 0.0,
 ) -> VerifyDecision:
     """Args:
-    survival: a_1..a_k, non-increasing probabilities in [0, 1].
-    step_seconds: step_seconds[n] = time of a step verifying n drafts, n = 0..k.
+    conditional: c_1..c_k in [0, 1].
+    step_seconds: step_seconds[n] = target forward over 1 + n tokens, n = 0..k.
+    draft_seconds: the drafter's time per step (paid whatever the verify length).
     """
-    if len(step_seconds) < len(survival) + 1:
-        raise ValueError(f"need {len(survival) + 1} step costs, got {len(step_seconds)}")
-    if any(not 0.0 <= a <= 1.0 for a in survival):
-        raise ValueError(f"survival estimates must lie in [0, 1]: {list(survival)}")
-    if any(t <= 0 for t in step_seconds[: len(survival) + 1]):
+    if len(step_seconds) < len(conditional) + 1:
+        raise ValueError(f"need {len(conditional) + 1} step costs, got {len(step_seconds)}")
+    if any(t <= 0 for t in step_seconds[: len(conditional) + 1]) or draft_seconds < 0:
         raise ValueError("step costs must be positive")
-    best = VerifyDecision(0, 1.0, 1.0 / step_seconds[0])
+    best = VerifyDecision(0, 1.0, 1.0 / (draft_seconds + step_seconds[0]))
     expected = 1.0
-    for n, a in enumerate(survival, start=1):
+    for n, a in enumerate(survival(conditional), start=1):
         expected += a
-        rate = expected / step_seconds[n]
+        rate = expected / (draft_seconds + step_seconds[n])
         if rate <= best.expected_rate:
-            break
+            break  # the paper's rule: stop at the first slot that does not pay
         best = VerifyDecision(n, expected, rate)
     return best
+
+
+def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDecision:
+    """Verify d_1..d_l where l is the last slot before the first c_j < threshold."""
+    expected, length = 1.0, 0
+    for a, c in zip(survival(conditional), conditional, strict=True):
+        if c < threshold:
+            break
+        expected += a
+        length += 1
+    return VerifyDecision(length, expected, 0.0)
+
+
+def full_length(conditional: Sequence[float]) -> VerifyDecision:
+    """Verify every draft token."""
+    return VerifyDecision(len(conditional), 1.0 + sum(survival(conditional)), 0.0)

@@ -240,6 +240,9 @@ class Pipeline:
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        if session.drafter is not None:
+            policy = session.scheduler.policy if session.scheduler else "full"
+            stats.verify_policy = str(policy)
         if self.spec.trace:
             stats.trace = []
         detok = Detokenizer(self.codec)
@@ -268,7 +271,9 @@ class Pipeline:
         try:
             for event in events:
                 output.extend(event.tokens)
-                stats.record_step(len(event.tokens), event.drafted, event.accepted, event.finish)
+                stats.record_step(
+                    len(event.tokens), event.drafted, event.accepted, event.finish, event.confidence
+                )
                 if stats.trace is not None:
                     stats.trace.append(self._trace_record(event))
                 text = detok.push(list(event.tokens))
@@ -287,6 +292,7 @@ class Pipeline:
             "accepted": event.accepted,
             "bonus": event.bonus,
             "committed": list(event.tokens),
+            **({"confidence": [round(c, 4) for c in event.confidence]} if event.confidence else {}),
         }
 
     def generate(

@@ -23,11 +23,21 @@ class GenStats:
     accepted_per_position: list[int] = field(default_factory=list)  # steps accepting >= k+1
     seconds: float = 0.0  # from the start of the prefill to the last token
     ttft_seconds: float | None = None  # time to first token (prefill + first sample)
+    confidence_sum: float = 0.0  # over every drafted token that had a confidence
+    confidence_count: int = 0
+    verify_policy: str | None = None  # how verify lengths were chosen (None for AR)
     finish_reason: str | None = None
     trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
-    def record_step(self, tokens: int, drafted: int, accepted: int, finish: str | None) -> None:
+    def record_step(
+        self,
+        tokens: int,
+        drafted: int,
+        accepted: int,
+        finish: str | None,
+        confidence: tuple[float, ...] = (),
+    ) -> None:
         now = time.perf_counter() - self._start
         if self.ttft_seconds is None:
             self.ttft_seconds = now
@@ -36,6 +46,8 @@ class GenStats:
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.confidence_sum += sum(confidence)
+        self.confidence_count += len(confidence)
         _count_positions(self.drafted_per_position, drafted)
         _count_positions(self.accepted_per_position, accepted)
         if finish is not None:
@@ -49,6 +61,16 @@ class GenStats:
     def acceptance_length(self) -> float:
         """τ: accepted draft tokens + 1 (the bonus) per step, averaged over steps."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def mean_verify_length(self) -> float:
+        """Draft tokens verified per target forward (the prefill's forward counts, as in τ)."""
+        return self.drafted / self.steps if self.steps else 0.0
+
+    @property
+    def mean_confidence(self) -> float | None:
+        """The drafter's mean c_j over the tokens it proposed (None: no confidence head)."""
+        return self.confidence_sum / self.confidence_count if self.confidence_count else None
 
     def acceptance_per_position(self) -> list[float]:
         """For each draft position k: of the steps that drafted a k-th token, the fraction
@@ -68,6 +90,11 @@ class GenStats:
             "tokens_per_second": round(self.tokens_per_second, 2),
             "steps": self.steps,
             "acceptance_length": round(self.acceptance_length, 3),
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "mean_verify_length": round(self.mean_verify_length, 3),
+            "mean_confidence": _round(self.mean_confidence, 4),
+            "verify_policy": self.verify_policy,
             # fraction of steps whose k-th draft token was accepted (empty for AR)
             "accepted_per_position": [round(c / self.steps, 4) for c in self.accepted_per_position],
             "finish_reason": self.finish_reason,
@@ -79,3 +106,7 @@ def _count_positions(counts: list[int], n: int) -> None:
     counts.extend([0] * (n - len(counts)))
     for k in range(n):
         counts[k] += 1
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

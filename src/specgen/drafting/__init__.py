@@ -1,6 +1,6 @@
 """Drafters. Importing this package registers every built-in method in `DRAFTERS`."""
 
-from specgen.drafting import dflash, ngram  # noqa: F401  (register "dflash", "ngram")
+from specgen.drafting import dflash, dspark, ngram  # noqa: F401  (registers the methods)
 from specgen.drafting.base import DRAFTERS, Draft, Drafter, method_of, register
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "method_of", "register"]

@@ -15,3 +15,4 @@ class StepEvent:
     finish: str | None = None  # set on the last event: one of FINISH_REASONS
     proposal: tuple[int, ...] = ()  # what the drafter proposed, before any trimming
     bonus: int | None = None  # the target's own token this step
+    confidence: tuple[float, ...] = ()  # the drafter's c_j for each proposed token, if any

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Drafter, empty_draft
+from specgen.drafting.base import Draft, Drafter, empty_draft
 from specgen.engine.events import StepEvent
 from specgen.engine.sampling import make_generator, sample
 from specgen.models.kv_cache import StaticKVCache
@@ -38,6 +38,10 @@ def _cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int])
         if produced + i + 1 == limit:
             return tokens[: i + 1], "length"
     return tokens, None
+
+
+def _confidences(draft: Draft) -> tuple[float, ...]:
+    return () if draft.confidence is None else tuple(draft.confidence[0].tolist())
 
 
 @torch.inference_mode()
@@ -98,5 +102,6 @@ def generate_speculative(
             finish=finish,
             proposal=tuple(drafted if draft is proposal else proposal.tokens[0].tolist()),
             bonus=bonus,
+            confidence=_confidences(proposal),
         )
         anchor = bonus

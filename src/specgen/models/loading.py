@@ -50,6 +50,14 @@ class SafetensorsIndex:
         except Exception as e:  # safetensors raises its own error types for a bad header
             raise CheckpointError(f"{self.name}: corrupt weights file {path.name} ({e})") from None
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        """A tensor's shape, read from the header only."""
+        try:
+            with safe_open(str(self.where[key]), framework="pt") as f:
+                return tuple(f.get_slice(key).get_shape())
+        except Exception as e:
+            raise CheckpointError(f"{self.name}: cannot read tensor {key} ({e})") from None
+
     def get(self, key: str, device: torch.device) -> torch.Tensor:
         path = self.where[key]
         try:

@@ -1,0 +1,160 @@
+"""`--method dspark`: DeepSpec's DSpark drafter (block backbone + Markov head + confidence).
+
+Each step runs the backbone once over [anchor, MASK x (g-1)] (context K/V cached and
+rolled back with the target, as for DFlash), takes the LM-head logits of the draft slots,
+then walks the slots left to right: add the Markov bias of the previous token, draw the
+token (argmax at temperature 0; otherwise a sample from the corrected distribution after
+the request's temperature / top-k / top-p, whose probabilities go to the verifier so
+rejection sampling stays exact), and read the confidence head before the draw. The
+confidences (per-position temperature-calibrated when `specgen calibrate` has fitted the
+drafter) feed the verify-length scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specgen.drafting.base import Draft, empty_draft, register
+from specgen.engine.sampling import probabilities
+from specgen.errors import SpecgenError
+from specgen.hub import resolve_drafter
+from specgen.models.dspark import DSparkNet, load_dspark
+from specgen.scheduling.calibration import Calibration, load_calibration
+
+if TYPE_CHECKING:
+    from specgen.config import SamplingParams, SpecConfig
+    from specgen.models.transformer import Transformer
+
+
+@torch.inference_mode()
+def markov_draw(
+    net: DSparkNet,
+    base: torch.Tensor,  # [k, V]: backbone logits of the k draft slots
+    hidden: torch.Tensor,  # [k, H]: the slots' backbone outputs (after the final norm)
+    anchor: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    calibration: Calibration | None = None,
+) -> Draft:
+    """Draw k draft tokens left to right through the Markov head."""
+    k = base.shape[0]
+    prev = torch.tensor([anchor], device=base.device)
+    state = net.new_state(1) if net.args.markov_rank else None
+    tokens, dists, logits_c = [], [], []
+    for j in range(k):
+        h = hidden[j : j + 1]
+        if net.args.confidence:  # decided before token j is drawn
+            logits_c.append(net.confidence_logit(h, prev))
+        logits = base[j : j + 1].float()
+        if net.args.markov_rank:
+            bias, state = net.markov_step(prev, h, state)
+            logits = logits + bias
+        if params.greedy or generator is None:
+            prev = logits.argmax(dim=-1)
+        else:
+            q = probabilities(logits, params)
+            prev = torch.multinomial(q, 1, generator=generator)[:, 0]
+            dists.append(q)
+        tokens.append(prev)
+    confidence = None
+    if logits_c:
+        z = torch.cat(logits_c)
+        if calibration is not None:
+            z = calibration.scale(z)
+        confidence = torch.sigmoid(z)[None]
+    return Draft(
+        tokens=torch.cat(tokens)[None],
+        probs=torch.cat(dists)[None] if dists else None,
+        confidence=confidence,
+    )
+
+
+@register("dspark")
+class DSparkMethod:
+    architectures: tuple[str, ...] = ("Qwen3DSparkModel",)
+    needs_drafter = True
+
+    def __init__(
+        self,
+        net: DSparkNet,
+        target: Transformer,
+        block_size: int,
+        draft_tokens: int | None,
+        calibration: Calibration | None = None,
+    ) -> None:
+        self.net = net
+        self.target = target
+        self.block_size = block_size
+        self.calibration = calibration
+        slots = block_size - net.args.first_slot
+        self.max_draft_tokens = min(slots, draft_tokens or slots)
+
+    @classmethod
+    def load(
+        cls,
+        target: Transformer,
+        spec: SpecConfig,
+        *,
+        target_name: str,
+        notify: Callable[[str], None] | None = None,
+    ) -> DSparkMethod:
+        source = spec.drafter
+        if source is None:
+            raise SpecgenError(f"no dspark drafter given for {target_name}; pass --drafter")
+        if notify:
+            notify(f"loading DSpark drafter {source}")
+        path = resolve_drafter(source)
+        net = load_dspark(path, target=target, target_name=target_name, name=source)
+        trained = net.args.backbone.block_size
+        block = spec.block_size or trained
+        if block > trained:
+            raise SpecgenError(
+                f"--block-size {block} exceeds the block {trained} {source} was trained with "
+                "(smaller blocks work, larger ones do not)"
+            )
+        calibration = load_calibration(path) if net.args.confidence else None
+        return cls(net, target, block, spec.draft_tokens, calibration)
+
+    def new_drafter(self, capacity: int) -> DSparkDrafter:
+        return DSparkDrafter(self, capacity)
+
+
+class DSparkDrafter:
+    def __init__(self, method: DSparkMethod, capacity: int) -> None:
+        self.method = method
+        self.net, self.target = method.net, method.target
+        self.max_draft_tokens = method.max_draft_tokens
+        self.taps = self.net.args.backbone.target_layer_ids
+        self.cache = self.net.backbone.new_cache(capacity)
+        self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
+
+    def rollback(self, length: int) -> None:
+        if length < self.cache.length:
+            self.cache.rollback(length)
+
+    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
+        features = torch.cat([taps[i] for i in self.taps], dim=-1)  # [1, T, K*H]
+        self.net.backbone.extend(self.cache, features)
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        anchor: int,
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        k = min(max_tokens, self.max_draft_tokens)
+        if k <= 0:
+            return empty_draft(self.target.device)
+        ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
+        hidden = self.net.backbone.block_hidden(self.cache, self.target.embed_tokens(ids))
+        first = self.net.args.first_slot
+        slots = hidden[0, first : first + k]
+        base = self.target.head(slots[None])[0]
+        return markov_draw(
+            self.net, base, slots, anchor, params, generator, self.method.calibration
+        )

@@ -1,0 +1,202 @@
+"""The DSpark drafter network, in DeepSpec's published format (`Qwen3DSparkModel`).
+
+The backbone is DFlash's (`models/dflash.py`): context features of the target's chosen
+layers fused by `fc` + `hidden_norm` and injected as K/V, a non-causal block, a final
+`norm`, the target's LM head. DSpark adds:
+
+- An anchor-first block (the config has `num_anchors`): the block [anchor, MASK x (g-1)]
+  sits at positions anchor_pos .. anchor_pos+g-1 and slot k predicts anchor_pos+k+1, so
+  one pass gives g draft logits. Without `num_anchors` slots follow DFlash (slot k predicts
+  anchor_pos+k; slots 1..g-1 draft).
+- A Markov head: draft token k's logits are the backbone's plus a bias from the previous
+  token x_{k-1} (the anchor for the first slot): W2 z, with z = W1[x_{k-1}] (vanilla),
+  sigmoid(gate([h_k ; W1[x_{k-1}]])) * W1[x_{k-1}] (gated), or the output of a GRU-like
+  state over the block (rnn). Drawing is left to right, each token feeding the next bias.
+- A confidence head: c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) estimates P(x_k accepted |
+  x_1..x_{k-1} accepted). h_k is the backbone's output AFTER the final norm: DeepSpec's
+  `_forward_backbone` returns `self.norm(...)` and both heads read that tensor.
+
+DeepSpec's plain `dflash_*_block7` checkpoints are the same class with `markov_rank` 0 and
+no confidence head: they load here and draft with the anchor-first layout alone.
+The checkpoint's `embed_tokens` / `lm_head` are copies of the target's and are skipped
+(only their shapes are checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgen.errors import CheckpointError
+from specgen.kernels.linear import linear
+from specgen.models.dflash import DFlashArgs, DFlashNet, backbone_plan, backbone_shape, check_pair
+from specgen.models.loading import Plan, SafetensorsIndex, fill, read_config
+from specgen.models.transformer import Transformer, new_weight
+
+MARKOV_KINDS = ("vanilla", "gated", "rnn")
+COPIES = ("embed_tokens.weight", "lm_head.weight")  # the target's own tensors, duplicated
+
+
+@dataclass(frozen=True)
+class DSparkArgs:
+    backbone: DFlashArgs
+    anchor_first: bool
+    markov_rank: int  # 0: no Markov head
+    markov_kind: str | None  # one of MARKOV_KINDS when markov_rank > 0
+    confidence: bool
+    confidence_with_markov: bool
+
+    @property
+    def first_slot(self) -> int:
+        """The block slot whose output is the first draft token."""
+        return 0 if self.anchor_first else 1
+
+    @property
+    def max_drafts(self) -> int:
+        return self.backbone.block_size - self.first_slot
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], *, name: str) -> DSparkArgs:
+        backbone = DFlashArgs.from_hf(cfg, name=name)
+        try:
+            rank = int(cfg.get("markov_rank") or 0)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{name}: markov_rank must be an integer") from None
+        kind = None
+        if rank < 0:
+            raise CheckpointError(f"{name}: markov_rank must be >= 0 (got {rank})")
+        if rank > 0:
+            kind = str(cfg.get("markov_head_type") or "").lower()
+            if kind not in MARKOV_KINDS:
+                raise CheckpointError(
+                    f"{name}: markov_head_type must be one of {', '.join(MARKOV_KINDS)} "
+                    f"when markov_rank > 0 (got {cfg.get('markov_head_type')!r})"
+                )
+        confidence = bool(cfg.get("enable_confidence_head", False))
+        with_markov = confidence and bool(cfg.get("confidence_head_with_markov", False))
+        if with_markov and rank == 0:
+            raise CheckpointError(f"{name}: confidence_head_with_markov needs markov_rank > 0")
+        return cls(
+            backbone=backbone,
+            anchor_first="num_anchors" in cfg,
+            markov_rank=rank,
+            markov_kind=kind,
+            confidence=confidence,
+            confidence_with_markov=with_markov,
+        )
+
+
+class DSparkNet(nn.Module):
+    def __init__(self, args: DSparkArgs, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.args = args
+        self.backbone = DFlashNet(args.backbone, dtype=dtype, device=device)
+        la, r = args.backbone.layers, args.markov_rank
+        h, v = la.hidden_size, la.vocab_size
+        w = dict(dtype=dtype, device=device)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self._plan: list[tuple[str, nn.Parameter]] = []
+        if r:
+            self.markov_w1 = self._param("markov_head.markov_w1.weight", (v, r), w)
+            self.markov_w2 = self._param("markov_head.markov_w2.weight", (v, r), w)
+        if args.markov_kind == "gated":
+            self.gate_w = self._param("markov_head.gate_proj.weight", (r, h + r), w)
+            self.gate_b = self._param("markov_head.gate_proj.bias", (r,), w)
+        if args.markov_kind == "rnn":
+            self.joint_w = self._param("markov_head.joint_proj.weight", (3 * r, 2 * r + h), w)
+            self.joint_b = self._param("markov_head.joint_proj.bias", (3 * r,), w)
+        if args.confidence:
+            width = h + (r if args.confidence_with_markov else 0)
+            self.conf_w = self._param("confidence_head.proj.weight", (1, width), w)
+            # optional in the checkpoint (nn.Linear's default bias in DeepSpec): zero if absent
+            self.conf_b = new_weight(1, **w)
+            self.conf_b.data.zero_()
+
+    def _param(self, key: str, shape: tuple[int, ...], w: dict) -> nn.Parameter:
+        param = new_weight(*shape, **w)
+        self.shapes[key] = shape
+        self._plan.append((key, param))
+        return param
+
+    def heads_plan(self) -> Plan:
+        for key, param in self._plan:
+            yield key, param, 0
+
+    def markov_step(
+        self,
+        prev: torch.Tensor,  # [N] int64: the token before each slot
+        hidden: torch.Tensor,  # [N, H]: the slots' backbone outputs (after the final norm)
+        state: torch.Tensor | None,  # [N, r] for the rnn head (zeros at the block start)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The Markov bias [N, V] (fp32) for these slots, and the rnn head's next state."""
+        emb = F.embedding(prev, self.markov_w1)
+        kind = self.args.markov_kind
+        if kind == "vanilla":
+            z = emb
+        elif kind == "gated":
+            z = torch.sigmoid(F.linear(torch.cat([hidden, emb], -1), self.gate_w, self.gate_b))
+            z = z * emb
+        else:
+            assert state is not None
+            joint = F.linear(torch.cat([state, emb, hidden], -1), self.joint_w, self.joint_b)
+            gate, candidate, out = joint.chunk(3, dim=-1)
+            gate = torch.sigmoid(gate)
+            state = gate * state + (1.0 - gate) * torch.tanh(candidate)
+            z = torch.tanh(out)
+        return linear(z, self.markov_w2, None).float(), state
+
+    def new_state(self, n: int) -> torch.Tensor | None:
+        if self.args.markov_kind != "rnn":
+            return None
+        return torch.zeros(n, self.args.markov_rank, dtype=self.markov_w1.dtype, device=self.device)
+
+    def confidence_logit(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """proj([h ; W1[prev]]) per slot, [N] fp32 (sigmoid of it is the confidence)."""
+        features = hidden
+        if self.args.confidence_with_markov:
+            features = torch.cat([hidden, F.embedding(prev, self.markov_w1)], dim=-1)
+        return F.linear(features.float(), self.conf_w.float(), self.conf_b.float())[:, 0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.device
+
+
+def _check_copies(index: SafetensorsIndex, target: Transformer) -> None:
+    """The embedding / LM head copies are not loaded, but must fit the target's."""
+    want = (target.args.vocab_size, target.args.hidden_size)
+    for key in COPIES:
+        if key in index.where:
+            shape = index.shape(key)
+            if shape != want:
+                raise CheckpointError(
+                    f"{index.name}: {key} has shape {shape}, but the target's is {want}"
+                )
+
+
+def load_dspark(path: Path, *, target: Transformer, target_name: str, name: str) -> DSparkNet:
+    """Load a DeepSpec-format DSpark (or DeepSpec DFlash) drafter for `target`."""
+    args = DSparkArgs.from_hf(read_config(path, name), name=name)
+    check_pair(args.backbone, target.args, name, target_name, min_block=2 - args.first_slot)
+    index = SafetensorsIndex(path, name)
+    _check_copies(index, target)
+    net = DSparkNet(args, dtype=target.dtype, device=target.device)
+
+    def shape_of(key: str) -> tuple[int, ...]:
+        return net.shapes[key] if key in net.shapes else backbone_shape(args.backbone, key)
+
+    fill(chain(backbone_plan(net.backbone), net.heads_plan()), index, shape_of, net.device)
+    if args.confidence and "confidence_head.proj.bias" in index.where:
+        fill(
+            iter([("confidence_head.proj.bias", net.conf_b, 0)]),
+            index,
+            lambda key: (1,),
+            net.device,
+        )
+    return net.eval()

@@ -241,6 +241,119 @@ def save_tiny_dflash(
     return path
 
 
+def save_tiny_dspark(
+    path: Path,
+    *,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    vocab: int = TINY_VOCAB,
+    layers: int = 2,
+    block_size: int = 7,
+    rank: int = 8,
+    kind: str = "vanilla",
+    confidence: bool = True,
+    with_markov: bool = True,
+    conf_bias: bool = True,
+    anchor_first: bool = True,
+    copies: bool = True,
+    target_layer_ids: list[int] | None = None,
+    num_target_layers: int = 6,
+    edit: dict | None = None,
+    drop: str | None = None,
+    reshape: tuple[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+    scale: float = 0.2,
+) -> Path:
+    """A random DSpark drafter in exactly DeepSpec's layout: the fixture config, scaled down.
+
+    `rank=0, confidence=False` gives DeepSpec's plain DFlash checkpoints (same class).
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    ids = target_layer_ids or [1, 3]
+    cfg = json.loads((FIXTURES / "dspark-qwen3-4b-block7.config.json").read_text())
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        num_hidden_layers=layers,
+        max_position_embeddings=4096,
+        max_window_layers=layers,
+        block_size=block_size,
+        num_target_layers=num_target_layers,
+        layer_types=["full_attention"] * layers,
+        mask_token_id=vocab - 1,
+        target_layer_ids=ids,
+        markov_rank=rank,
+        markov_head_type=kind,
+        enable_confidence_head=confidence,
+        confidence_head_with_markov=with_markov,
+    )
+    if not anchor_first:
+        del cfg["num_anchors"]
+    cfg.update(edit or {})
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * scale
+
+    inter = 2 * hidden
+    tensors = {
+        "fc.weight": rand(hidden, len(ids) * hidden),
+        "hidden_norm.weight": 1 + rand(hidden),
+        "norm.weight": 1 + rand(hidden),
+    }
+    for i in range(layers):
+        p = f"layers.{i}."
+        tensors.update(
+            {
+                p + "input_layernorm.weight": 1 + rand(hidden),
+                p + "post_attention_layernorm.weight": 1 + rand(hidden),
+                p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+                p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
+                p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
+                p + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+                p + "self_attn.q_norm.weight": 1 + rand(head_dim),
+                p + "self_attn.k_norm.weight": 1 + rand(head_dim),
+                p + "mlp.gate_proj.weight": rand(inter, hidden),
+                p + "mlp.up_proj.weight": rand(inter, hidden),
+                p + "mlp.down_proj.weight": rand(hidden, inter),
+            }
+        )
+    if rank:
+        # a strong bigram bias, so the Markov head visibly changes what is drawn
+        tensors["markov_head.markov_w1.weight"] = rand(vocab, rank) * 10
+        tensors["markov_head.markov_w2.weight"] = rand(vocab, rank) * 10
+    if rank and kind == "gated":
+        tensors["markov_head.gate_proj.weight"] = rand(rank, hidden + rank)
+        tensors["markov_head.gate_proj.bias"] = rand(rank)
+    if rank and kind == "rnn":
+        tensors["markov_head.joint_proj.weight"] = rand(3 * rank, 2 * rank + hidden)
+        tensors["markov_head.joint_proj.bias"] = rand(3 * rank)
+    if confidence:
+        tensors["confidence_head.proj.weight"] = rand(1, hidden + (rank if with_markov else 0))
+        if conf_bias:
+            tensors["confidence_head.proj.bias"] = torch.tensor([0.5])
+    if copies:  # DeepSpec ships the target's embedding and head; specgen skips them
+        tensors["embed_tokens.weight"] = rand(vocab, hidden)
+        tensors["lm_head.weight"] = rand(vocab, hidden)
+    if drop is not None:
+        tensors.pop(drop)
+    if reshape is not None:
+        tensors[reshape[0]] = rand(*reshape[1])
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({n: t.to(torch.bfloat16) for n, t in tensors.items()}, path / "model.safetensors")
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_deep(tmp_path_factory) -> Path:
     """A 6-layer tiny Qwen3 target (room for DFlash's spread of tapped layers)."""
@@ -252,3 +365,29 @@ def tiny_qwen3_deep(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dflash(tmp_path_factory) -> Path:
     return save_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash") / "d", target_layer_ids=[1, 3])
+
+
+@pytest.fixture(scope="session")
+def tiny_dspark(tmp_path_factory) -> Path:
+    return save_tiny_dspark(tmp_path_factory.mktemp("tiny-dspark") / "d")
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's goodness-of-fit test of observed `counts` against `probs`: the p-value.
+
+    Cells expected fewer than 5 times are pooled into one; the chi-square tail is the
+    Wilson-Hilferty normal approximation (ample for p-values down to 1e-6)."""
+    import math
+
+    n = counts.sum().item()
+    expected = probs.double() * n
+    big = expected >= 5
+    obs = counts.double()[big].tolist()
+    exp = expected[big].tolist()
+    if expected[~big].sum() > 0:
+        obs.append(counts.double()[~big].sum().item())
+        exp.append(expected[~big].sum().item())
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
+    dof = len(exp) - 1
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))

@@ -169,9 +169,7 @@ PROMPTS = ["The quick brown fox", "def add(a, b):", "Speculative decoding drafts
 
 @pytest.mark.parametrize("policy", ["full", "cost", "threshold=0.5"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_dspark_greedy_equals_ar_under_every_policy(
-    ar, tiny_qwen3_deep, variants, name, policy
-):
+def test_dspark_greedy_equals_ar_under_every_policy(ar, tiny_qwen3_deep, variants, name, policy):
     pipe = _dspark(tiny_qwen3_deep, variants[name], policy)
     for prompt in PROMPTS:
         want = ar.generate(prompt, max_new_tokens=24, session=ar.new_session())

@@ -72,7 +72,8 @@ def test_bad_policies_are_refused(text):
 
 
 def _draft(conf):
-    return Draft(tokens=torch.zeros(1, len(conf), dtype=torch.long), confidence=torch.tensor([conf]))
+    tokens = torch.zeros(1, len(conf), dtype=torch.long)
+    return Draft(tokens=tokens, confidence=torch.tensor([conf]))
 
 
 def test_scheduler_uses_the_drafters_confidence_when_it_has_one():
@@ -102,9 +103,8 @@ COSTS = CostTable(contexts=(1,), seconds=((1.0, 1.5, 1.5),))
 
 
 def _global_argmax(conditional, step_seconds):
-    rates = [1.0 / step_seconds[0]]
-    for n, a in enumerate(survival(conditional), start=1):
-        rates.append((1 + sum(survival(conditional)[:n])) / step_seconds[n])
+    alive = survival(conditional)
+    rates = [(1 + sum(alive[:n])) / step_seconds[n] for n in range(len(alive) + 1)]
     return max(range(len(rates)), key=rates.__getitem__)
 
 

@@ -285,3 +285,55 @@ def test_dflash_without_a_known_drafter(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     result = run("generate", "hi", "--drafter", str(tmp_path))
     assert_one_line_error(result, 2, "not a drafter checkpoint")
+
+
+def test_dspark_through_the_cli_shows_the_schedulers_decisions(tiny_qwen3_deep, tiny_dspark):
+    prompt = "The quick brown fox"
+    base = ["generate", prompt, "--json", "--model", str(tiny_qwen3_deep), *FAST, "-n", "16"]
+    ar = json.loads(run(*base).stdout)
+    for policy in ("cost", "full", "threshold=0.2"):
+        result = run(*base, "--method", "dspark", "--drafter", str(tiny_dspark), "--trace",
+                     "--verify-policy", policy)  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        record = json.loads(result.stdout)
+        assert record["token_ids"] == ar["token_ids"]
+        stats = record["stats"]
+        assert stats["verify_policy"] == policy and stats["mean_confidence"] is not None
+        assert all("confidence" in step for step in record["trace"][1:] if step["draft"])
+
+
+def test_bad_verify_policy_is_one_line():
+    result = run("generate", "hi", "--method", "ngram", "--verify-policy", "sometimes")
+    assert_one_line_error(result, 2, "--verify-policy must be cost, full or threshold=X")
+
+
+def test_calibrate_writes_beside_the_drafter_and_is_used(tiny_qwen3_deep, tiny_dspark, tmp_path):
+    drafter = tmp_path / "drafter"
+    shutil.copytree(tiny_dspark, drafter)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The quick brown fox\ndef add(a, b):\nOnce upon a time\n")
+    model = ["--model", str(tiny_qwen3_deep), "--device", "cpu", "--dtype", "float32"]
+    result = run("calibrate", "--prompts", str(prompts), "--drafter", str(drafter), *model,
+                 "-n", "24", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["path"] == str(drafter / "calibration.json")
+    assert len(record["temperatures"]) == 7 and record["drafts"] > 10
+    assert len(record["ece_before"]) == len(record["ece_after"]) == 7
+    # the fitted temperatures change the confidences generation reports, not the tokens
+    gen = ["generate", "Once upon a time", "--json", *model, "-n", "12", "--drafter"]
+    plain = json.loads(run(*gen, str(tiny_dspark), "--verify-policy", "full").stdout)
+    fitted = json.loads(run(*gen, str(drafter), "--verify-policy", "full").stdout)
+    assert fitted["token_ids"] == plain["token_ids"]
+    assert fitted["stats"]["mean_confidence"] != plain["stats"]["mean_confidence"]
+
+
+def test_calibrate_refuses_a_drafter_without_confidence_head(tiny_qwen3_deep, tmp_path):
+    from conftest import save_tiny_dspark
+
+    drafter = save_tiny_dspark(tmp_path / "plain", rank=0, confidence=False)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    result = run("calibrate", "--prompts", str(prompts), "--drafter", str(drafter),
+                 "--model", str(tiny_qwen3_deep), "--device", "cpu")  # fmt: skip
+    assert_one_line_error(result, 2, "has no confidence head to calibrate")

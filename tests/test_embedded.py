@@ -170,3 +170,35 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
         got = dflash.generate(question, max_new_tokens=24, session=dflash.new_session())
         assert got.token_ids == want.token_ids
         assert got.stats.drafted > 0
+
+
+@pytest.mark.parametrize("policy", ["full", "threshold=0.3"])
+def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy):
+    """A random DeepSpec-format drafter (Markov + confidence heads) for the default model."""
+    from conftest import save_tiny_dspark
+    from specgen.config import SpecConfig
+    from specgen.drafting.dspark import DSparkMethod
+
+    path = save_tiny_dspark(
+        tmp_path / "dspark",
+        hidden=576,
+        heads=9,
+        kv_heads=3,
+        head_dim=64,
+        vocab=49152,
+        layers=1,
+        rank=16,
+        target_layer_ids=[2, 15, 27],
+        num_target_layers=30,
+        scale=0.05,
+    )
+    spec = SpecConfig(method="dspark", drafter=str(path), verify_policy=policy)
+    method = DSparkMethod.load(pipe.model, spec, target_name=pipe.name)
+    dspark = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, None, method)
+    for question in _questions({81, 121, 321}):
+        want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
+        got = dspark.generate(question, max_new_tokens=24, session=dspark.new_session())
+        assert got.token_ids == want.token_ids
+        assert got.stats.mean_confidence is not None
+        if policy == "full":
+            assert got.stats.drafted > 0

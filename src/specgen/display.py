@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from specgen.stats import GenStats
+
+if TYPE_CHECKING:
+    from specgen.scheduling.calibration import CalibrationFit
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -57,6 +60,10 @@ def stats_line(stats: GenStats) -> str:
         f"{stats.tokens_per_second:.1f} tok/s",
         f"τ {stats.acceptance_length:.2f} (incl. bonus)",
     ]
+    if stats.verify_policy is not None:
+        parts.append(f"verify {stats.mean_verify_length:.2f}/step ({stats.verify_policy})")
+    if stats.mean_confidence is not None:
+        parts.append(f"confidence {stats.mean_confidence:.2f}")
     if stats.ttft_seconds is not None:
         parts.append(f"first token {stats.ttft_seconds:.2f} s")
     if stats.prompt_tokens:
@@ -77,6 +84,18 @@ def models_table(rows: Iterable[dict[str, str]]) -> Table:
         table.add_column(column)
     for row in rows:
         table.add_row(row["alias"], row["repo"], row["drafters"] or "-", row["status"])
+    return table
+
+
+def calibration_table(fit: CalibrationFit) -> Table:
+    """Per draft position: samples, fitted temperature, ECE of survival before and after."""
+    table = Table(title="confidence calibration (ECE of survival a_j)", title_justify="left")
+    for column in ("position", "drafts", "temperature", "ECE before", "ECE after"):
+        table.add_column(column, justify="right")
+    for j, (n, t, b, a) in enumerate(
+        zip(fit.samples, fit.temperatures, fit.ece_before, fit.ece_after, strict=True), start=1
+    ):
+        table.add_row(str(j), str(n), f"{t:.3f}", f"{b:.4f}", f"{a:.4f}")
     return table
 
 

@@ -285,15 +285,17 @@ class Pipeline:
 
     def _trace_record(self, event: StepEvent) -> dict[str, Any]:
         """What `--trace` shows for one step (the first step of an answer is the prefill)."""
-        return {
+        record = {
             "drafter": self.spec.method,
             "draft": list(event.proposal),
             "verify_length": event.drafted,
             "accepted": event.accepted,
             "bonus": event.bonus,
             "committed": list(event.tokens),
-            **({"confidence": [round(c, 4) for c in event.confidence]} if event.confidence else {}),
         }
+        if event.confidence:  # the drafter's c_j for each proposed token
+            record["confidence"] = [round(c, 6) for c in event.confidence]
+        return record
 
     def generate(
         self,

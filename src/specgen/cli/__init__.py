@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from specgen.cli.calibrate import calibrate
 from specgen.cli.chat import chat
 from specgen.cli.generate import generate
 from specgen.cli.models import models, pull
@@ -21,6 +22,7 @@ app.command()(generate)
 app.command()(chat)
 app.command()(models)
 app.command()(pull)
+app.command()(calibrate)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from specgen.cli.options import (
     ThinkOpt,
     TopKOpt,
     TopPOpt,
+    VerifyPolicyOpt,
 )
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
@@ -73,6 +74,7 @@ def chat(
     drafter: DrafterOpt = None,
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
+    verify_policy: VerifyPolicyOpt = "cost",
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -89,7 +91,11 @@ def chat(
     with user_errors(debug):
         sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
         spec = SpecConfig(
-            method=method.value, drafter=drafter, draft_tokens=draft_tokens, block_size=block_size
+            method=method.value,
+            drafter=drafter,
+            draft_tokens=draft_tokens,
+            block_size=block_size,
+            verify_policy=verify_policy,
         )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet

@@ -32,6 +32,7 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     TraceOpt,
+    VerifyPolicyOpt,
 )
 from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
 from specgen.config import SamplingParams, SpecConfig
@@ -70,6 +71,7 @@ def generate(
     drafter: DrafterOpt = None,
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
+    verify_policy: VerifyPolicyOpt = "cost",
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -94,6 +96,7 @@ def generate(
             drafter=drafter,
             draft_tokens=draft_tokens,
             block_size=block_size,
+            verify_policy=verify_policy,
             trace=trace,
         )
         pipe = load_pipeline(

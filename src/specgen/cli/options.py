@@ -37,6 +37,15 @@ BlockSizeOpt = Annotated[
     int | None,
     typer.Option("--block-size", help="Run a block drafter at a smaller block than trained."),
 ]
+VerifyPolicyOpt = Annotated[
+    str,
+    typer.Option(
+        "--verify-policy",
+        help="How many draft tokens each step verifies: cost (best expected tokens/s from "
+        "confidences and measured costs), full, or threshold=X (while each token's "
+        "acceptance estimate is >= X).",
+    ),
+]
 TraceOpt = Annotated[
     bool,
     typer.Option("--trace", help="With --json: one record per step (draft, verify length, ...)."),

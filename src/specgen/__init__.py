@@ -5,7 +5,7 @@ Public API:
     Pipeline.generate(prompt, ...) -> Completion
     Pipeline.stream(prompt, ...) -> Iterator[Chunk]
     SamplingParams(temperature, top_k, top_p, seed)
-    SpecConfig(method="ar" | "ngram" | ..., draft_tokens, schedule)
+    SpecConfig(method="ar" | "ngram" | "dflash" | "dspark", drafter, verify_policy, ...)
 """
 
 from specgen.config import ModelArgs, SamplingParams, SpecConfig

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -97,6 +98,28 @@ def calibration_table(fit: CalibrationFit) -> Table:
     ):
         table.add_row(str(j), str(n), f"{t:.3f}", f"{b:.4f}", f"{a:.4f}")
     return table
+
+
+@contextmanager
+def progress(total: int, label: str, *, disable: bool = False) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr; yields `advance(description)` to call after each unit."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=_err,
+        transient=True,
+        disable=disable,
+    )
+    with bar:
+        task = bar.add_task(label, total=total)
+
+        def advance(description: str) -> None:
+            bar.update(task, advance=1, description=f"{label}: {description}")
+
+        yield advance
 
 
 def show(renderable: Any) -> None:

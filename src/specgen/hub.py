@@ -19,7 +19,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,20 +136,37 @@ def cached_snapshot(repo: str) -> Path | None:
 def download(repo: str, *, alias: str | None = None) -> Path:
     """Fetch config, tokenizer and safetensors of `repo` into the HF cache (or reuse it)."""
     from huggingface_hub import snapshot_download
+
+    offline = is_offline()
+    with _hub_errors(repo, f"`specgen pull {alias or repo}`", offline):
+        return Path(
+            snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=offline)
+        )
+
+
+def download_dataset_file(repo: str, filename: str) -> Path:
+    """One file of a Hub dataset repo (e.g. a benchmark's questions), cached by the HF cache."""
+    from huggingface_hub import hf_hub_download
+
+    offline = is_offline()
+    with _hub_errors(repo, "the same command", offline):
+        return Path(hf_hub_download(repo, filename, repo_type="dataset", local_files_only=offline))
+
+
+@contextmanager
+def _hub_errors(repo: str, how: str, offline: bool) -> Iterator[None]:
+    """Turn huggingface_hub's exceptions into one-line errors naming the repo."""
     from huggingface_hub.errors import (
+        EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
     )
 
-    offline = is_offline()
     try:
-        return Path(
-            snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=offline)
-        )
+        yield
     except LocalEntryNotFoundError:
-        how = f"`specgen pull {alias or repo}`"
         if offline:
             raise ModelNotFoundError(
                 f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
@@ -166,6 +184,8 @@ def download(repo: str, *, alias: str | None = None) -> Path:
         raise ModelNotFoundError(
             f"{repo}: no such repository on the Hugging Face Hub (private? set HF_TOKEN)"
         ) from None
+    except EntryNotFoundError as e:
+        raise ModelNotFoundError(f"{repo}: file not found on the Hub ({e})") from None
     except (HfHubHTTPError, OSError) as e:
         raise ModelNotFoundError(f"{repo}: download failed ({e})") from None
 

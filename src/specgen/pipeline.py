@@ -95,8 +95,14 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _with_registry_drafter(spec: SpecConfig, model: str) -> SpecConfig:
-    """Fill in the registry's drafter for (model alias, method) when none was given."""
+def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
+    """The method exists; a drafter alone names its method; a method that needs a drafter
+    has one (the registry's for `model` when none was given)."""
+    if spec.method not in METHODS:
+        raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
+    if spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
+        drafter_dir = resolve_drafter(spec.drafter)
+        spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
     if spec.method == "ar" or spec.drafter is not None or not DRAFTERS[spec.method].needs_drafter:
         return spec
     entry = MODELS.get(model.lower())
@@ -135,6 +141,7 @@ class Pipeline:
             method = DRAFTERS[self.spec.method].load(model, self.spec, target_name=name)
         self.method = method
         self.costs = costs
+        self.source = name  # where the target came from (part of the cost-table key)
         self.session = self.new_session()
 
     @classmethod
@@ -155,13 +162,7 @@ class Pipeline:
             spec: the decoding method and its knobs (default: plain AR).
             notify: called with one-line progress messages (conversion, download).
         """
-        spec = spec or SpecConfig()
-        if spec.method not in METHODS:  # before the slow part
-            raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
-        if spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
-            drafter_dir = resolve_drafter(spec.drafter)
-            spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
-        spec = _with_registry_drafter(spec, model)  # fail before the slow part if none
+        spec = _checked_spec(spec or SpecConfig(), model)  # fail before the slow part
         resolved = resolve_model(model, notify=notify)
         dev = resolve_device(device)
         target = load_target(
@@ -171,24 +172,34 @@ class Pipeline:
         if context is not None and not 1 < context <= limit:
             raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
-        method, costs = None, None
-        if spec.method != "ar":
-            method = DRAFTERS[spec.method].load(
-                target, spec, target_name=resolved.name, notify=notify
-            )
-            if spec.verify_policy.needs_costs:
-                key = f"{resolved.name}|{resolved.path}"
-                drafter_key = f"{spec.method}|{spec.drafter}|{spec.block_size}|{spec.draft_tokens}"
-                costs = cached_costs(
-                    target,
-                    key,
-                    method.max_draft_tokens,
-                    notify,
-                    method=method,
-                    drafter_key=drafter_key,
-                )
         context = context or min(limit, DEFAULT_CONTEXT)
-        return cls(target, codec, resolved.name, context, spec, costs, method)
+        base = cls(target, codec, resolved.name, context)
+        base.source = str(resolved.path)
+        return base if spec.method == "ar" else base.with_spec(spec, notify=notify)
+
+    def with_spec(self, spec: SpecConfig, *, notify: Notify | None = None) -> Pipeline:
+        """Another decoding method on this pipeline's loaded target (weights are shared;
+        sessions are not). Loads the drafter and, for the cost policy, the cost table."""
+        spec = _checked_spec(spec, self.name)
+        if spec.method == "ar":
+            pipe = Pipeline(self.model, self.codec, self.name, self.context, spec)
+            pipe.source = self.source
+            return pipe
+        method = DRAFTERS[spec.method].load(self.model, spec, target_name=self.name, notify=notify)
+        costs = None
+        if spec.verify_policy.needs_costs:
+            drafter_key = f"{spec.method}|{spec.drafter}|{spec.block_size}|{spec.draft_tokens}"
+            costs = cached_costs(
+                self.model,
+                f"{self.name}|{self.source}",
+                method.max_draft_tokens,
+                notify,
+                method=method,
+                drafter_key=drafter_key,
+            )
+        pipe = Pipeline(self.model, self.codec, self.name, self.context, spec, costs, method)
+        pipe.source = self.source
+        return pipe
 
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""

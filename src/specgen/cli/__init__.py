@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from specgen.cli.bench import bench
 from specgen.cli.calibrate import calibrate
 from specgen.cli.chat import chat
 from specgen.cli.generate import generate
@@ -22,6 +23,7 @@ app.command()(generate)
 app.command()(chat)
 app.command()(models)
 app.command()(pull)
+app.command()(bench)
 app.command()(calibrate)
 
 

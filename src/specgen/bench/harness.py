@@ -1,0 +1,176 @@
+"""`specgen bench`: every method on the same prompts in one process, AR as the baseline.
+
+Protocol (Spec-Bench's): one warm-up generation per method, then for each prompt every
+method in turn (the order alternates between prompts so drift hits all alike), each from a
+fresh session so no method reuses another's cache, `repeats` times with the median time
+kept. AR runs in the same harness on the same loaded target. At temperature 0 every
+method's tokens are compared with AR's; where they differ, the target's logit margin
+(top-1 minus top-2) at the first divergent position says whether it is a near-tie (expected
+in bf16) or a bug (anything in fp32).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specgen.bench.suites import BenchPrompt
+from specgen.config import SamplingParams
+from specgen.pipeline import Pipeline
+from specgen.stats import GenStats
+
+Progress = Callable[[str], None]  # called after each generation with a short label
+
+
+@dataclass
+class PromptRun:
+    method: str
+    category: str
+    prompt: int  # index in the suite
+    tokens: list[int]
+    seconds: float  # median over repeats, prefill included
+    ttft_seconds: float  # median over repeats
+    stats: GenStats  # counters of the first repeat (identical across greedy repeats)
+
+
+@dataclass
+class Divergence:
+    method: str
+    category: str
+    prompt: int
+    position: int  # first answer token that differs from AR's
+    margin: float  # the target's top-1 minus top-2 logit there (AR's context)
+
+
+@dataclass
+class BenchRun:
+    runs: list[PromptRun] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+    compared: dict[str, int] = field(default_factory=dict)  # greedy answers compared with AR
+    identical: dict[str, int] = field(default_factory=dict)
+    memory_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def run_bench(
+    pipes: dict[str, Pipeline],
+    prompts: list[BenchPrompt],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    repeats: int = 1,
+    progress: Progress | None = None,
+) -> BenchRun:
+    """Run every pipeline on every prompt. `pipes` must contain "ar"."""
+    if "ar" not in pipes:
+        raise ValueError("the benchmark needs the AR baseline")
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    result = BenchRun()
+    names = list(pipes)
+    for name in names:  # warm-up: first-call allocations, kernel selection, caches
+        pipes[name].generate("Hello", max_new_tokens=8, session=pipes[name].new_session())
+    ids = [pipes["ar"].encode(p.text) for p in prompts]
+    for i, prompt in enumerate(prompts):
+        order = names if i % 2 == 0 else names[::-1]
+        answers: dict[str, list[int]] = {}
+        for name in order:
+            run = _run_one(pipes[name], name, prompt, i, ids[i], max_new_tokens, sampling, repeats)
+            result.runs.append(run)
+            answers[name] = run.tokens
+            result.memory_bytes[name] = max(result.memory_bytes.get(name, 0), _memory(pipes[name]))
+            if progress:
+                progress(f"{name} · {prompt.category} {i + 1}/{len(prompts)}")
+        if sampling.greedy:
+            _compare(result, pipes["ar"], prompt, i, ids[i], answers)
+    return result
+
+
+def _run_one(
+    pipe: Pipeline,
+    name: str,
+    prompt: BenchPrompt,
+    index: int,
+    ids: list[int],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    repeats: int,
+) -> PromptRun:
+    times, ttfts, first = [], [], None
+    for _ in range(repeats):
+        if pipe.model.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pipe.model.device)
+        tokens: list[int] = []
+        stats = GenStats()
+        chunks = pipe.stream_ids(
+            ids, sampling=sampling, max_new_tokens=max_new_tokens, session=pipe.new_session()
+        )
+        for chunk in chunks:
+            tokens.extend(chunk.token_ids)
+            stats = chunk.stats
+        times.append(stats.seconds)
+        ttfts.append(stats.ttft_seconds or 0.0)
+        if first is None:
+            first = (tokens, stats)
+    assert first is not None
+    return PromptRun(
+        method=name,
+        category=prompt.category,
+        prompt=index,
+        tokens=first[0],
+        seconds=statistics.median(times),
+        ttft_seconds=statistics.median(ttfts),
+        stats=first[1],
+    )
+
+
+def _compare(
+    result: BenchRun,
+    ar: Pipeline,
+    prompt: BenchPrompt,
+    index: int,
+    ids: list[int],
+    answers: dict[str, list[int]],
+) -> None:
+    want = answers["ar"]
+    for name, got in answers.items():
+        if name == "ar":
+            continue
+        result.compared[name] = result.compared.get(name, 0) + 1
+        if got == want:
+            result.identical[name] = result.identical.get(name, 0) + 1
+            continue
+        pos = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        pos = min(len(got), len(want)) if pos is None else pos
+        margin = _margin(ar, ids + want[:pos])
+        result.divergences.append(Divergence(name, prompt.category, index, pos, margin))
+
+
+@torch.inference_mode()
+def _margin(ar: Pipeline, context: list[int]) -> float:
+    """The target's top-1 minus top-2 logit for the token after `context`."""
+    model = ar.model
+    cache = model.new_cache(len(context) + 1)
+    logits = model(torch.tensor([context], device=model.device), cache, num_logits=1).logits
+    top = torch.topk(logits[0, -1].float(), 2).values
+    return float(top[0] - top[1])
+
+
+def _memory(pipe: Pipeline) -> int:
+    """Peak device memory on CUDA; on the CPU the bytes this method keeps resident (target
+    weights, its KV cache, drafter weights and context cache)."""
+    if pipe.model.device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(pipe.model.device))
+    tensors = list(pipe.model.parameters())
+    cache = pipe.session.cache
+    tensors += [cache.k, cache.v]
+    drafter = pipe.session.drafter
+    net = getattr(pipe.method, "net", None)
+    if net is not None:
+        tensors += list(net.parameters())
+    dcache = getattr(drafter, "cache", None)
+    if dcache is not None and hasattr(dcache, "k"):
+        tensors += [dcache.k, dcache.v]
+    return sum(t.numel() * t.element_size() for t in tensors)

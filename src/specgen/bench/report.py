@@ -1,0 +1,181 @@
+"""Turn a `BenchRun` into numbers (a JSON-able dict), a Rich table and an optional plot.
+
+Per method and category (and "all"): tokens/s = new tokens / seconds summed over prompts
+(each prompt's median time, prefill included), speedup = that over AR's on the same
+prompts, τ = (accepted drafts + steps) / steps (the bonus counts, so AR = 1.00),
+acceptance per draft position, a histogram of tokens committed per step (accepted + 1),
+mean verify length (drafts verified per target forward) and mean time to first token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from specgen.bench.harness import BenchRun, PromptRun
+
+ALL = "all"
+
+
+def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
+    tokens = sum(r.stats.new_tokens for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    steps = sum(r.stats.steps for r in runs)
+    accepted = sum(r.stats.accepted for r in runs)
+    drafted = sum(r.stats.drafted for r in runs)
+    width = max((len(r.stats.drafted_per_position) for r in runs), default=0)
+    tried = [sum(_at(r.stats.drafted_per_position, k) for r in runs) for k in range(width)]
+    won = [sum(_at(r.stats.accepted_per_position, k) for r in runs) for k in range(width)]
+    # steps that accepted at least k drafts, k = 0..width; then exactly k -> k + 1 tokens
+    at_least = [steps] + won
+    histogram = {
+        str(k + 1): at_least[k] - (at_least[k + 1] if k + 1 < len(at_least) else 0)
+        for k in range(len(at_least))
+    }
+    return {
+        "prompts": len(runs),
+        "new_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
+        "tau": round((accepted + steps) / steps, 3) if steps else 0.0,
+        "steps": steps,
+        "mean_verify_length": round(drafted / steps, 3) if steps else 0.0,
+        "acceptance_per_position": [
+            round(w / t, 4) if t else 0.0 for w, t in zip(won, tried, strict=True)
+        ],
+        "acceptance_histogram": {k: v for k, v in histogram.items() if v},
+        "ttft_seconds": round(sum(r.ttft_seconds for r in runs) / len(runs), 4) if runs else 0.0,
+    }
+
+
+def _at(values: list[int], k: int) -> int:
+    return values[k] if k < len(values) else 0
+
+
+def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
+    """Everything the bench measured, as one JSON-able dict."""
+    methods = list(dict.fromkeys(r.method for r in run.runs))
+    categories = list(dict.fromkeys(r.category for r in run.runs))
+    results: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        results[m] = {}
+        for c in [*categories, ALL]:
+            picked = [r for r in run.runs if r.method == m and c in (ALL, r.category)]
+            results[m][c] = _aggregate(picked)
+    for m in methods:
+        for c, row in results[m].items():
+            base = results["ar"][c]["tokens_per_second"]
+            row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
+    lossless = None
+    if run.compared:
+        lossless = {
+            m: {
+                "compared": run.compared[m],
+                "identical": run.identical.get(m, 0),
+                "match_rate": round(run.identical.get(m, 0) / run.compared[m], 4),
+                "divergences": [
+                    {
+                        "category": d.category,
+                        "prompt": d.prompt,
+                        "position": d.position,
+                        "margin": round(d.margin, 5),
+                    }
+                    for d in run.divergences
+                    if d.method == m
+                ],
+            }
+            for m in run.compared
+        }
+    return {
+        **meta,
+        "methods": methods,
+        "categories": categories,
+        "tau_includes_bonus": True,
+        "results": results,
+        "memory_bytes": run.memory_bytes,
+        "lossless": lossless,
+    }
+
+
+def results_table(summary: dict[str, Any]) -> Table:
+    """One row per method and category: speed, speedup, τ, verify length, TTFT, identity."""
+    title = (
+        f"specgen bench · {summary.get('model')} · {summary.get('suite')} · "
+        f"T={summary.get('temperature')} · τ includes the bonus token"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("method", "category", "tok/s", "speedup", "τ", "verify/step", "TTFT s"):
+        left = column in ("method", "category")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    table.add_column("= AR", justify="right")
+    lossless = summary.get("lossless") or {}
+    for m in summary["methods"]:
+        for c in [*summary["categories"], ALL]:
+            row = summary["results"][m][c]
+            same = "-"
+            if m != "ar" and m in lossless:
+                bad = [d for d in lossless[m]["divergences"] if c in (ALL, d["category"])]
+                same = f"{row['prompts'] - len(bad)}/{row['prompts']}"
+            table.add_row(
+                m if c == summary["categories"][0] or len(summary["categories"]) == 1 else "",
+                c,
+                f"{row['tokens_per_second']:.1f}",
+                f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-",
+                f"{row['tau']:.2f}",
+                f"{row['mean_verify_length']:.2f}",
+                f"{row['ttft_seconds']:.2f}",
+                same,
+                end_section=c == ALL,
+            )
+    return table
+
+
+def acceptance_lines(summary: dict[str, Any]) -> list[str]:
+    """Per method (all categories): acceptance per position and the tokens-per-step
+    histogram, one line each."""
+    lines = []
+    for m in summary["methods"]:
+        if m == "ar":
+            continue
+        row = summary["results"][m][ALL]
+        per_pos = " ".join(f"{a:.2f}" for a in row["acceptance_per_position"]) or "-"
+        hist = " ".join(f"{k}:{v}" for k, v in row["acceptance_histogram"].items())
+        lines.append(f"{m}: acceptance by position {per_pos} · tokens per step {hist}")
+    return lines
+
+
+def plot(summary: dict[str, Any], path: str) -> None:
+    """Speedup and τ per category, and the tokens-per-step histogram, as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from specgen.errors import SpecgenError
+
+        raise SpecgenError("--plot needs matplotlib: pip install 'specgen[plot]'") from None
+    methods = [m for m in summary["methods"] if m != "ar"] or ["ar"]
+    cats = [*summary["categories"], ALL]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        xs = [j + i * width for j in range(len(cats))]
+        axes[0].bar(xs, [summary["results"][m][c]["speedup"] or 0 for c in cats], width, label=m)
+        axes[1].bar(xs, [summary["results"][m][c]["tau"] for c in cats], width, label=m)
+        hist = summary["results"][m][ALL]["acceptance_histogram"]
+        total = sum(hist.values()) or 1
+        axes[2].plot([int(k) for k in hist], [v / total for v in hist.values()], "o-", label=m)
+    for ax, title in zip(axes[:2], ("speedup vs AR", "τ (incl. bonus)"), strict=True):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30)
+        ax.set_title(title)
+        ax.legend()
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    axes[2].set_title("tokens committed per step")
+    axes[2].set_xlabel("accepted + 1")
+    axes[2].legend()
+    fig.suptitle(f"specgen bench · {summary.get('model')} · {summary.get('suite')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

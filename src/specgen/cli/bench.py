@@ -1,0 +1,159 @@
+"""`specgen bench`: AR and every method on one prompt suite, side by side in one process."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from specgen import display
+from specgen.cli.common import quiet_libraries, sampling_options, user_errors
+from specgen.cli.options import (
+    DEFAULT_MODEL,
+    ContextOpt,
+    DebugOpt,
+    DeviceOpt,
+    DtypeOpt,
+    MaxNewTokensOpt,
+    ModelOpt,
+    QuietOpt,
+    SeedOpt,
+    TemperatureOpt,
+    VerifyPolicyOpt,
+)
+from specgen.errors import SpecgenError
+
+EXAMPLES = """
+Examples:
+
+  specgen bench
+
+  specgen bench --suite ../shared/data/spec_bench.jsonl --num-prompts 12 --json
+
+  specgen bench --model qwen3-8b --methods ar,dflash,dspark --suite mt-bench --plot bench.png
+"""
+
+
+def bench(
+    model: ModelOpt = DEFAULT_MODEL,
+    methods: Annotated[
+        str | None,
+        typer.Option(
+            "--methods",
+            help="Comma-separated methods (default: ar, ngram and every method with a "
+            "drafter for the model).",
+        ),
+    ] = None,
+    suite: Annotated[
+        str,
+        typer.Option("--suite", help="builtin, mt-bench, gsm8k, or a Spec-Bench-style .jsonl."),
+    ] = "builtin",
+    num_prompts: Annotated[
+        int | None,
+        typer.Option("--num-prompts", help="Prompts in total, spread over the categories."),
+    ] = None,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    temperature: TemperatureOpt = 0.0,
+    seed: SeedOpt = 0,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Runs per prompt and method; the median counts.")
+    ] = 1,
+    drafter: Annotated[
+        list[str] | None,
+        typer.Option("--drafter", help="A drafter checkpoint for its method; repeatable."),
+    ] = None,
+    verify_policy: VerifyPolicyOpt = "cost",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    context: ContextOpt = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Write a PNG of the results (needs matplotlib).")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="End with one JSON line holding every number.")
+    ] = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Benchmark AR and the speculative methods on a prompt suite (table, JSON, plot)."""
+    with user_errors(debug):
+        quiet_libraries()
+        from specgen.bench.harness import run_bench
+        from specgen.bench.report import acceptance_lines, results_table, summarize
+        from specgen.bench.report import plot as write_plot
+        from specgen.bench.suites import load_suite
+
+        if repeats < 1:
+            raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
+        sampling = sampling_options(max_new_tokens, temperature, 0, 1.0, seed)
+        prompts = load_suite(suite, num_prompts)
+        pipes = _pipelines(
+            model, methods, drafter or [], verify_policy, device, dtype, context, quiet
+        )
+        total = len(prompts) * len(pipes)
+        with display.progress(total, "benchmarking", disable=quiet) as advance:
+            result = run_bench(
+                pipes,
+                prompts,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                repeats=repeats,
+                progress=advance,
+            )
+        ar = pipes["ar"]
+        meta = {
+            "model": ar.name,
+            "device": str(ar.model.device),
+            "dtype": str(ar.model.dtype).removeprefix("torch."),
+            "suite": suite,
+            "num_prompts": len(prompts),
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "repeats": repeats,
+            "verify_policy": verify_policy,
+        }
+        summary = summarize(result, meta)
+        display.show(results_table(summary))
+        for line in acceptance_lines(summary):
+            display.show(line)
+        if plot:
+            write_plot(summary, plot)
+            display.status(f"wrote {plot}")
+        if json_out:
+            display.write_json(summary)
+
+
+bench.__doc__ = (bench.__doc__ or "") + EXAMPLES
+
+
+def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet):
+    """The AR pipeline and one per method, all on one loaded target."""
+    from specgen.config import SpecConfig
+    from specgen.drafting import DRAFTERS, method_of
+    from specgen.hub import resolve_drafter
+    from specgen.pipeline import METHODS, Pipeline
+    from specgen.registry import MODELS
+
+    by_method = {}
+    for path in drafters:
+        directory = resolve_drafter(path)
+        by_method[method_of(directory)] = str(directory)
+    if methods is None:
+        entry = MODELS.get(model.lower())
+        known = set(entry.drafters) if entry else set()
+        names = ["ar", "ngram"] + [
+            m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_method or m in known)
+        ]
+    else:
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+        unknown = [m for m in names if m not in METHODS]
+        if unknown:
+            raise SpecgenError(f"unknown method {unknown[0]!r}; available: {', '.join(METHODS)}")
+        names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
+    notify = None if quiet else display.status
+    base = Pipeline.load(model, device=device, dtype=dtype, context=context, notify=notify)
+    pipes = {"ar": base}
+    for name in names[1:]:
+        spec = SpecConfig(method=name, drafter=by_method.get(name), verify_policy=policy)
+        pipes[name] = base.with_spec(spec, notify=notify)
+    return pipes

@@ -1,0 +1,203 @@
+"""`specgen bench`: suites, the harness on a tiny model, the report, and the CLI's JSON line.
+No timing is asserted."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from specgen.bench.harness import BenchRun, Divergence, PromptRun, run_bench
+from specgen.bench.report import acceptance_lines, results_table, summarize
+from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
+from specgen.cli import app
+from specgen.config import SamplingParams, SpecConfig
+from specgen.errors import ModelNotFoundError, PromptError, SpecgenError
+from specgen.pipeline import Pipeline
+from specgen.stats import GenStats
+
+runner = CliRunner()
+
+
+def test_builtin_suite_covers_six_categories():
+    prompts = load_suite(BUILTIN)
+    cats = {p.category for p in prompts}
+    assert len(prompts) >= 40
+    assert cats == {"chat", "code", "math", "summarization", "translation", "qa"}
+
+
+def test_num_prompts_spreads_over_categories():
+    prompts = load_suite(BUILTIN, 12)
+    assert len(prompts) == 12
+    assert {p.category for p in prompts} == {
+        "chat", "code", "math", "summarization", "translation", "qa"
+    }  # fmt: skip
+    assert [p.category for p in prompts] == sorted(
+        [p.category for p in prompts], key=[p.category for p in prompts].index
+    )  # grouped by category, in file order
+
+
+def test_spec_bench_style_file(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+        {"turns": ["No category."]},
+        {"prompt": "A plain prompt field.", "category": "qa"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    prompts = load_suite(str(path))
+    assert [(p.category, p.text) for p in prompts] == [
+        ("writing", "Write a poem."),
+        ("default", "No category."),
+        ("qa", "A plain prompt field."),
+    ]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "no prompts in it"),
+        (b'{"turns": ["ok"]}\n{oops\n', "line 2 is not valid JSON"),
+        (b'{"turns": []}\n', "line 1 has no prompt text"),
+        (b'["a list"]\n', "line 1 is not a JSON object"),
+        (b'{"turns": ["\xff"]}\n', "line 1 is not valid UTF-8"),
+    ],
+)
+def test_bad_suite_files_fail_with_one_line(tmp_path, content, message):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(PromptError, match=message):
+        load_suite(str(path))
+
+
+def test_unknown_suite_and_bad_count(tmp_path):
+    with pytest.raises(SpecgenError, match="unknown suite 'nope'"):
+        load_suite("nope")
+    with pytest.raises(PromptError, match="no such suite file"):
+        load_suite(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(SpecgenError, match="--num-prompts must be at least 1"):
+        load_suite(BUILTIN, 0)
+
+
+def test_public_set_offline_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE is set"):
+        load_suite("mt-bench")
+
+
+def test_public_set_is_fetched_with_huggingface_hub(monkeypatch, tmp_path):
+    """The download is mocked (no Hub here); the file's own format is parsed."""
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(
+        json.dumps({"category": "writing", "prompt": ["Draft a travel blog post.", "Again."]})
+        + "\n"
+    )
+    calls = []
+
+    def fake_download(repo, filename, **kw):
+        calls.append((repo, filename, kw["repo_type"]))
+        return str(questions)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
+    prompts = load_suite("mt-bench")
+    assert calls == [(PUBLIC["mt-bench"].repo, "raw/question.jsonl", "dataset")]
+    assert prompts[0].text == "Draft a travel blog post." and prompts[0].category == "writing"
+
+
+def _run(method, category, prompt, new, seconds, accepted=0, drafted=0):
+    stats = GenStats(prompt_tokens=5)
+    stats.record_step(1, 0, 0, None)
+    steps = new - 1 - accepted
+    for i in range(steps):
+        a = accepted if i == 0 else 0
+        d = drafted if i == 0 else 0
+        stats.record_step(1 + a, d, a, "length" if i == steps - 1 else None)
+    return PromptRun(method, category, prompt, list(range(new)), seconds, 0.1, stats)
+
+
+def test_report_on_hand_made_runs():
+    run = BenchRun(
+        runs=[
+            _run("ar", "qa", 0, 10, 1.0),
+            _run("ar", "code", 1, 10, 2.0),
+            _run("ngram", "qa", 0, 10, 0.5, accepted=3, drafted=4),
+            _run("ngram", "code", 1, 10, 4.0),
+        ],
+        divergences=[Divergence("ngram", "code", 1, 4, 0.0012)],
+        compared={"ngram": 2},
+        identical={"ngram": 1},
+        memory_bytes={"ar": 100, "ngram": 120},
+    )
+    summary = summarize(run, {"model": "m", "suite": "s", "temperature": 0.0})
+    qa = summary["results"]["ngram"]["qa"]
+    assert qa["speedup"] == 2.0 and qa["tokens_per_second"] == 20.0
+    assert qa["tau"] == pytest.approx((3 + qa["steps"]) / qa["steps"], abs=1e-3)
+    assert qa["acceptance_per_position"] == [1.0, 1.0, 1.0, 0.0]
+    assert qa["acceptance_histogram"] == {"1": qa["steps"] - 1, "4": 1}
+    assert summary["results"]["ngram"]["all"]["speedup"] == pytest.approx(
+        (20 / 4.5) / (20 / 3.0), abs=1e-3
+    )
+    assert summary["lossless"]["ngram"]["match_rate"] == 0.5
+    assert summary["lossless"]["ngram"]["divergences"][0]["margin"] == 0.0012
+    console = Console(file=io.StringIO(), width=120, record=True)
+    console.print(results_table(summary))
+    text = console.export_text()
+    assert "τ includes the bonus token" in text and "2.00x" in text and "0/1" in text
+    assert acceptance_lines(summary)[0].startswith("ngram: acceptance by position 1.00")
+
+
+@pytest.fixture(scope="module")
+def pipes(tiny_llama):
+    ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
+    return {"ar": ar, "ngram": ar.with_spec(SpecConfig(method="ngram", verify_policy="full"))}
+
+
+def test_harness_on_a_tiny_model_with_two_methods(pipes):
+    prompts = load_suite(BUILTIN, 3)
+    labels = []
+    run = run_bench(
+        pipes,
+        prompts,
+        max_new_tokens=12,
+        sampling=SamplingParams(),
+        repeats=2,
+        progress=labels.append,
+    )
+    assert len(run.runs) == 6 and len(labels) == 6
+    assert run.compared == {"ngram": 3} and run.identical == {"ngram": 3}  # greedy: lossless
+    assert all(r.seconds > 0 and r.stats.new_tokens == len(r.tokens) for r in run.runs)
+    assert run.memory_bytes["ngram"] >= run.memory_bytes["ar"] > 0
+
+
+def test_sampled_bench_skips_the_identity_check(pipes):
+    run = run_bench(
+        pipes, load_suite(BUILTIN, 2), max_new_tokens=6, sampling=SamplingParams(1.0, seed=3)
+    )
+    assert run.compared == {} and summarize(run, {})["lossless"] is None
+
+
+def test_cli_bench_ends_with_one_json_line(tiny_llama):
+    args = ["bench", "--model", str(tiny_llama), "--methods", "ngram", "--num-prompts", "2",
+            "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32", "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["methods"] == ["ar", "ngram"] and last["tau_includes_bonus"] is True
+    assert set(last) >= {"model", "device", "dtype", "suite", "results", "lossless", "memory_bytes"}
+    row = last["results"]["ngram"]["all"]
+    for key in ("tokens_per_second", "speedup", "tau", "acceptance_per_position",
+                "acceptance_histogram", "mean_verify_length", "ttft_seconds"):  # fmt: skip
+        assert key in row
+    assert last["lossless"]["ngram"]["match_rate"] == 1.0
+    assert "speedup" in result.stdout  # the table came first
+
+
+def test_cli_bench_bad_input_is_one_line(tiny_llama, tmp_path):
+    result = runner.invoke(app, ["bench", "--suite", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2 and "no such suite file" in result.stderr
+    result = runner.invoke(app, ["bench", "--model", str(tiny_llama), "--methods", "medusa"])
+    assert result.exit_code == 2 and "unknown method 'medusa'" in result.stderr

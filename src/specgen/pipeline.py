@@ -54,6 +54,7 @@ class Chunk:
     text: str
     token_ids: tuple[int, ...]
     stats: GenStats  # running totals; final once stats.finish_reason is set
+    draft_chars: int = 0  # text[:draft_chars] came from accepted draft tokens
 
 
 @dataclass(frozen=True)
@@ -287,10 +288,13 @@ class Pipeline:
                 )
                 if stats.trace is not None:
                     stats.trace.append(self._trace_record(event))
-                text = detok.push(list(event.tokens))
+                # accepted drafts first, then the target's own token: views colour them apart
+                drafts = min(event.accepted, len(event.tokens))
+                drafted_text = detok.push(list(event.tokens[:drafts])) if drafts else ""
+                text = drafted_text + detok.push(list(event.tokens[drafts:]))
                 if event.finish is not None:
                     text += detok.flush()
-                yield Chunk(text=text, token_ids=event.tokens, stats=stats)
+                yield Chunk(text, event.tokens, stats, draft_chars=len(drafted_text))
         finally:
             session.settle(prompt_ids + output)
 

@@ -75,9 +75,10 @@ class GenStats:
     def acceptance_per_position(self) -> list[float]:
         """For each draft position k: of the steps that drafted a k-th token, the fraction
         whose k-th token was accepted (empty for AR)."""
+        accepted = self.accepted_per_position
         return [
-            round(a / d, 4)
-            for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=False)
+            round((accepted[k] if k < len(accepted) else 0) / d, 4)
+            for k, d in enumerate(self.drafted_per_position)
         ]
 
     def to_dict(self) -> dict[str, Any]:

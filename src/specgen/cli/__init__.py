@@ -7,6 +7,7 @@ import typer
 from specgen.cli.bench import bench
 from specgen.cli.calibrate import calibrate
 from specgen.cli.chat import chat
+from specgen.cli.export import export
 from specgen.cli.generate import generate
 from specgen.cli.models import models, pull
 
@@ -25,6 +26,7 @@ app.command()(models)
 app.command()(pull)
 app.command()(bench)
 app.command()(calibrate)
+app.command()(export)
 
 
 def main() -> None:

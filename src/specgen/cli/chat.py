@@ -28,6 +28,7 @@ from specgen.cli.options import (
     ModelOpt,
     QuietOpt,
     SeedOpt,
+    ShowDraftsOpt,
     TemperatureOpt,
     ThinkOpt,
     TopKOpt,
@@ -36,6 +37,7 @@ from specgen.cli.options import (
 )
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
+from specgen.live import answer_view
 from specgen.stats import GenStats
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ class SessionTotals:
     seconds: float = 0.0
     steps: int = 0
     accepted: int = 0
+    drafted: int = 0
 
     def add(self, stats: GenStats) -> None:
         self.turns += 1
@@ -58,13 +61,15 @@ class SessionTotals:
         self.seconds += stats.seconds
         self.steps += stats.steps
         self.accepted += stats.accepted
+        self.drafted += stats.drafted
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
         tau = (self.accepted + self.steps) / self.steps if self.steps else 0.0
+        verify = self.drafted / self.steps if self.steps else 0.0
         return (
             f"{self.turns} answers · {self.new_tokens} tokens · {rate:.1f} tok/s · "
-            f"τ {tau:.2f} (incl. bonus)"
+            f"τ {tau:.2f} (incl. bonus) · verify {verify:.2f}/step"
         )
 
 
@@ -84,6 +89,7 @@ def chat(
     dtype: DtypeOpt = "auto",
     context: ContextOpt = None,
     think: ThinkOpt = False,
+    show_drafts: ShowDraftsOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -103,7 +109,7 @@ def chat(
         interactive = sys.stdin.isatty()
         if interactive and not quiet:
             display.status(f"{pipe.name} · {HELP}")
-        ChatRepl(pipe, sampling, max_new_tokens, think, quiet).run(interactive)
+        ChatRepl(pipe, sampling, max_new_tokens, think, quiet, show_drafts).run(interactive)
 
 
 class ChatRepl:
@@ -114,8 +120,10 @@ class ChatRepl:
         max_new_tokens: int,
         think: bool,
         quiet: bool,
+        show_drafts: bool = False,
     ) -> None:
         self.pipe = pipe
+        self.show_drafts = show_drafts
         self.session = pipe.new_session()
         self.sampling = sampling
         self.max_new_tokens = max_new_tokens
@@ -157,14 +165,15 @@ class ChatRepl:
                 max_new_tokens=self.max_new_tokens,
                 session=self.session,
             )
+            view = answer_view(self.pipe, quiet=self.quiet, show_drafts=self.show_drafts)
             try:
                 for chunk in chunks:
                     tokens.extend(chunk.token_ids)
                     stats = chunk.stats
-                    display.write(chunk.text)
-                display.write("\n")
+                    view.push(chunk)
+                view.close(stats)
             except KeyboardInterrupt:  # stop the answer, keep it and the session
-                display.write("\n")
+                view.close(stats)
                 display.note("[answer stopped]")
         except SpecgenError as e:  # e.g. the history outgrew the context
             display.error(f"{e} (use /reset to start over)")
@@ -173,8 +182,6 @@ class ChatRepl:
         self.messages = messages + [{"role": "assistant", "content": answer}]
         if stats is not None:
             self.totals.add(stats)
-            if not self.quiet:
-                display.show_stats(stats)
 
 
 def _read_turn(interactive: bool) -> str | None:

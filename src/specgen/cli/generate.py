@@ -27,6 +27,7 @@ from specgen.cli.options import (
     QuietOpt,
     RawOpt,
     SeedOpt,
+    ShowDraftsOpt,
     TemperatureOpt,
     ThinkOpt,
     TopKOpt,
@@ -37,6 +38,7 @@ from specgen.cli.options import (
 from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import PromptError, SpecgenError
+from specgen.live import answer_view
 from specgen.pipeline import Completion
 
 if TYPE_CHECKING:
@@ -84,6 +86,7 @@ def generate(
     think: ThinkOpt = False,
     json_out: JsonOpt = False,
     trace: TraceOpt = False,
+    show_drafts: ShowDraftsOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -102,7 +105,7 @@ def generate(
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
         )
-        answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet)
+        answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet, show_drafts)
         failures = 0
         for text in prompts:
             try:
@@ -142,34 +145,36 @@ class _Answerer:
     max_new_tokens: int
     json_out: bool
     quiet: bool
+    show_drafts: bool = False
 
     def __call__(self, prompt: str, ids: list[int]) -> None:
         tokens: list[int] = []
         stats: GenStats | None = None
+        view = None
+        if not self.json_out:
+            view = answer_view(self.pipe, quiet=self.quiet, show_drafts=self.show_drafts)
         try:
             for chunk in self.pipe.stream_ids(
                 ids, sampling=self.sampling, max_new_tokens=self.max_new_tokens
             ):
                 tokens.extend(chunk.token_ids)
                 stats = chunk.stats
-                if not self.json_out:
-                    display.write(chunk.text)
+                if view is not None:
+                    view.push(chunk)
         except KeyboardInterrupt:
             if stats is not None:
                 stats.finish_reason = "interrupted"
-            self._finish(prompt, tokens, stats)
+            self._finish(prompt, tokens, stats, view)
             raise
-        self._finish(prompt, tokens, stats)
+        self._finish(prompt, tokens, stats, view)
 
-    def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None) -> None:
-        if self.json_out:
-            text = self.pipe.codec.decode(tokens)
-            if stats is None:  # interrupted before the first token
-                record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
-            else:
-                record = Completion(prompt, text, tokens, stats).to_dict()
-            display.write_json(record)
+    def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None, view) -> None:
+        if view is not None:
+            view.close(stats)
             return
-        display.write("\n")
-        if stats is not None and not self.quiet and sys.stderr.isatty():
-            display.show_stats(stats)
+        text = self.pipe.codec.decode(tokens)
+        if stats is None:  # interrupted before the first token
+            record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
+        else:
+            record = Completion(prompt, text, tokens, stats).to_dict()
+        display.write_json(record)

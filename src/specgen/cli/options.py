@@ -92,6 +92,10 @@ JsonOpt = Annotated[
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print only the answer: no status or stats.")
 ]
+ShowDraftsOpt = Annotated[
+    bool,
+    typer.Option("--show-drafts", help="Live view: colour text from accepted draft tokens (cyan)."),
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
 
 DEFAULT_MODEL = DEFAULT_ALIAS

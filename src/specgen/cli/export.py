@@ -1,0 +1,40 @@
+"""`specgen export`: print the vLLM or SGLang launch command for the same target + drafter."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from specgen import display
+from specgen.cli.common import user_errors
+from specgen.cli.options import DEFAULT_MODEL, DebugOpt, ModelOpt
+
+
+def export(
+    method: Annotated[str, typer.Option("--method", help="dflash or dspark.")],
+    engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    drafter: Annotated[
+        str | None,
+        typer.Option("--drafter", help="Drafter repo or directory (default: the registry's)."),
+    ] = None,
+    block_size: Annotated[
+        int | None, typer.Option("--block-size", help="The drafter's block (default: its config).")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")] = 1,
+    port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8000,
+    debug: DebugOpt = False,
+) -> None:
+    """Print the command that serves this model and drafter on vLLM or SGLang."""
+    with user_errors(debug):
+        from specgen.errors import SpecgenError
+        from specgen.export import launch_command, notes, resolve_target
+
+        if tp < 1 or not 0 < port < 65536:
+            raise SpecgenError("--tp must be >= 1 and --port in 1..65535")
+        serve = resolve_target(model, method, drafter, block_size)
+        command = launch_command(engine, serve, tp=tp, port=port)
+        display.write(command + "\n")
+        for line in notes(engine, serve):
+            display.note(f"note: {line}")

@@ -1,0 +1,109 @@
+"""`specgen export`: the command that serves the same target and drafter on vLLM or SGLang.
+
+For users whose load outgrows one machine. The flags are the engines' current ones
+(see DESIGN.md and research/baselines.md): vLLM takes one `--speculative-config` JSON,
+SGLang `--speculative-algorithm` and `--speculative-draft-model-path` plus a per-method
+block flag. Pure functions: names in, argv out.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.errors import SpecgenError
+from specgen.registry import MODELS
+
+ENGINES = ("vllm", "sglang")
+EXPORTABLE = ("dflash", "dspark")
+DEFAULT_BLOCK = {"dflash": 16, "dspark": 7}  # the published drafters' blocks
+
+
+@dataclass(frozen=True)
+class ServeTarget:
+    target: str  # Hub repo id or local HF directory
+    method: str
+    drafter: str  # Hub repo id or local directory
+    block_size: int  # the drafter's block (DFlash: B positions; DSpark: γ drafts)
+
+
+def resolve_target(model: str, method: str, drafter: str | None, block: int | None) -> ServeTarget:
+    """Target repo and drafter for an alias (the registry's) or a path / repo id."""
+    if method not in EXPORTABLE:
+        raise SpecgenError(f"--method must be one of {', '.join(EXPORTABLE)} (got {method!r})")
+    entry = MODELS.get(model.lower())
+    target = entry.repo if entry else model
+    if target.endswith(".gguf"):
+        raise SpecgenError("export serves a Hugging Face model (repo or directory), not GGUF")
+    drafter = drafter or (entry.drafters.get(method) if entry else None)
+    if drafter is None:
+        raise SpecgenError(f"no {method} drafter is known for {model}; pass --drafter PATH|REPO")
+    return ServeTarget(target, method, drafter, block or _block_of(drafter, method))
+
+
+def _block_of(drafter: str, method: str) -> int:
+    """The block size in a local drafter's config, else the published default."""
+    config = Path(drafter).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            return int(json.loads(config.read_text(encoding="utf-8"))["block_size"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return DEFAULT_BLOCK[method]
+
+
+def launch_argv(engine: str, serve: ServeTarget, *, tp: int = 1, port: int = 8000) -> list[str]:
+    if engine == "vllm":
+        return _vllm(serve, tp, port)
+    if engine == "sglang":
+        return _sglang(serve, tp, port)
+    raise SpecgenError(f"--engine must be one of {', '.join(ENGINES)} (got {engine!r})")
+
+
+def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
+    config: dict[str, object] = {"method": serve.method, "model": serve.drafter}
+    if serve.method == "dflash":
+        config["num_speculative_tokens"] = serve.block_size - 1  # slot 0 is the anchor
+    else:
+        config["num_speculative_tokens"] = serve.block_size  # anchor-first: γ drafts
+        config["draft_sample_method"] = "probabilistic"  # sample drafts at T > 0 (exact)
+        config["enable_adaptive_verification"] = True  # vLLM's confidence scheduler
+    argv = ["vllm", "serve", serve.target, "--speculative-config", json.dumps(config)]
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
+    return argv + ["--port", str(port)]
+
+
+def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", serve.target]
+    argv += ["--speculative-algorithm", serve.method.upper()]
+    argv += ["--speculative-draft-model-path", serve.drafter]
+    if serve.method == "dflash":
+        argv += ["--speculative-num-draft-tokens", str(serve.block_size)]
+    else:
+        argv += ["--speculative-dspark-block-size", str(serve.block_size)]
+    if tp > 1:
+        argv += ["--tp", str(tp)]
+    return argv + ["--port", str(port)]
+
+
+def launch_command(engine: str, serve: ServeTarget, *, tp: int = 1, port: int = 8000) -> str:
+    """The command as one shell line (the JSON config safely quoted)."""
+    return shlex.join(launch_argv(engine, serve, tp=tp, port=port))
+
+
+def notes(engine: str, serve: ServeTarget) -> list[str]:
+    """What the user should know about running it."""
+    out = []
+    if "qwen3" in serve.target.lower():
+        out.append(
+            "the public Qwen3 drafters were trained without thinking: send "
+            '"chat_template_kwargs": {"enable_thinking": false} with each request'
+        )
+    if engine == "vllm" and serve.method == "dspark":
+        out.append(
+            "enable_adaptive_verification needs full CUDA-graph mode; drop it to verify every draft"
+        )
+    return out

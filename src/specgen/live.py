@@ -1,0 +1,149 @@
+"""The live view: the answer streaming with a status panel under it (chat and generate on a
+terminal).
+
+`status_panel` is a pure function of the stats (tested without a terminal). `LiveAnswer`
+prints finished lines of the answer above a small Rich Live region holding the unfinished
+line and the panel; Rich redraws that region from its own thread a few times a second, so
+the decoding loop only appends text (benchmarks/live_view_overhead.py measures the cost).
+With `show_drafts`, text from accepted draft tokens is coloured apart from the target's
+own (bonus) tokens. `PlainAnswer` is the same interface for pipes: just the text.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, Protocol
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from specgen.stats import GenStats
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Chunk, Pipeline
+    from specgen.scheduling.cost import CostTable
+
+BARS = "▁▂▃▄▅▆▇█"
+DRAFT_STYLE = "cyan"
+
+
+def acceptance_bars(rates: list[float]) -> str:
+    """One bar per draft position, height = acceptance rate (a tiny bar chart)."""
+    return "".join(BARS[min(int(r * len(BARS)), len(BARS) - 1)] for r in rates)
+
+
+def speedup_estimate(stats: GenStats, ar_step_seconds: float | None) -> float | None:
+    """Decoding speed over AR's, with AR's speed estimated as one token per measured AR
+    step (from the cost table); None when there is nothing to compare."""
+    decode_seconds = stats.seconds - (stats.ttft_seconds or 0.0)
+    if not ar_step_seconds or decode_seconds <= 0 or stats.new_tokens < 2:
+        return None
+    return (stats.new_tokens - 1) / decode_seconds * ar_step_seconds
+
+
+def status_panel(stats: GenStats, ar_step_seconds: float | None = None) -> Panel:
+    """What the live view shows under the answer."""
+    top = [f"{stats.new_tokens} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    if stats.verify_policy is not None:
+        top += [
+            f"τ {stats.acceptance_length:.2f} (incl. bonus)",
+            f"verify {stats.mean_verify_length:.2f}/step",
+        ]
+    if stats.mean_confidence is not None:
+        top.append(f"confidence {stats.mean_confidence:.2f}")
+    lines = [" · ".join(top)]
+    rates = stats.acceptance_per_position()
+    if rates:
+        lines.append(f"acceptance by position {acceptance_bars(rates)}")
+    speedup = speedup_estimate(stats, ar_step_seconds)
+    if speedup is not None:
+        lines.append(
+            f"speedup vs AR ≈ {speedup:.2f}x (estimate: AR step {ar_step_seconds * 1e3:.1f} ms "
+            "from the cost table)"
+        )
+    return Panel("\n".join(lines), border_style="dim", expand=False)
+
+
+class AnswerView(Protocol):
+    def push(self, chunk: Chunk) -> None: ...
+
+    def close(self, stats: GenStats | None) -> None: ...
+
+
+class PlainAnswer:
+    """Text to stdout as it comes; a stats line on stderr when that is a terminal."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def push(self, chunk: Chunk) -> None:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+
+    def close(self, stats: GenStats | None) -> None:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if stats is not None and not self.quiet and sys.stderr.isatty():
+            from specgen import display
+
+            display.show_stats(stats)
+
+
+class LiveAnswer:
+    def __init__(
+        self, console: Console, costs: CostTable | None = None, show_drafts: bool = False
+    ) -> None:
+        self.console = console
+        self.costs = costs
+        self.show_drafts = show_drafts
+        self.line = Text()
+        self.stats: GenStats | None = None
+        self.lock = threading.Lock()  # the refresh thread reads what push writes
+        self.live = Live(
+            self, console=console, refresh_per_second=8, transient=True, auto_refresh=True
+        )
+        self.live.start()
+
+    def ar_step_seconds(self, stats: GenStats) -> float | None:
+        """The measured AR step time at this answer's current context length."""
+        if self.costs is None:
+            return None
+        return self.costs.step_seconds(stats.prompt_tokens + stats.new_tokens)[0]
+
+    def __rich__(self) -> Group:  # called by Live's refresh thread
+        with self.lock:
+            line, stats = self.line.copy(), self.stats
+        if stats is None:
+            return Group(line)
+        return Group(line, status_panel(stats, self.ar_step_seconds(stats)))
+
+    def push(self, chunk: Chunk) -> None:
+        drafted, own = chunk.text[: chunk.draft_chars], chunk.text[chunk.draft_chars :]
+        finished = []
+        with self.lock:
+            self.stats = chunk.stats
+            for piece, style in ((drafted, DRAFT_STYLE if self.show_drafts else ""), (own, "")):
+                *done, rest = piece.split("\n")
+                for part in done:
+                    self.line.append(part, style)
+                    finished.append(self.line)
+                    self.line = Text()
+                self.line.append(rest, style)
+        for line in finished:  # printed above the live region, for good
+            self.console.print(line, soft_wrap=True)
+
+    def close(self, stats: GenStats | None) -> None:
+        self.live.stop()
+        self.console.print(self.line, soft_wrap=True)
+        if stats is not None:
+            self.console.print(status_panel(stats, self.ar_step_seconds(stats)))
+
+
+def answer_view(pipe: Pipeline, *, quiet: bool, show_drafts: bool) -> AnswerView:
+    """The live view on a terminal (unless --quiet), plain text otherwise."""
+    if quiet or not sys.stdout.isatty():
+        return PlainAnswer(quiet)
+    return LiveAnswer(Console(highlight=False), pipe.costs, show_drafts)

@@ -1,0 +1,80 @@
+"""`specgen export`: the launch commands, tested as text."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen.cli import app
+from specgen.errors import SpecgenError
+from specgen.export import launch_command, resolve_target
+
+runner = CliRunner()
+
+
+def test_vllm_dspark_uses_one_speculative_config():
+    serve = resolve_target("qwen3-8b", "dspark", None, None)
+    argv = shlex.split(launch_command("vllm", serve))
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"]
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {
+        "method": "dspark",
+        "model": "deepseek-ai/dspark_qwen3_8b_block7",
+        "num_speculative_tokens": 7,
+        "draft_sample_method": "probabilistic",
+        "enable_adaptive_verification": True,
+    }
+
+
+def test_vllm_dflash_drafts_block_minus_one():
+    serve = resolve_target("qwen3-4b", "dflash", None, None)
+    argv = shlex.split(launch_command("vllm", serve, tp=2, port=9000))
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "dflash", "model": "z-lab/Qwen3-4B-DFlash-b16",
+                      "num_speculative_tokens": 15}  # fmt: skip
+    assert argv[-4:] == ["--tensor-parallel-size", "2", "--port", "9000"]
+
+
+def test_sglang_commands():
+    dflash = launch_command("sglang", resolve_target("qwen3-8b", "dflash", None, None))
+    assert dflash == (
+        "python -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm "
+        "DFLASH --speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16 "
+        "--speculative-num-draft-tokens 16 --port 8000"
+    )
+    dspark = launch_command("sglang", resolve_target("qwen3-14b", "dspark", None, None), tp=4)
+    assert "--speculative-algorithm DSPARK" in dspark
+    assert "--speculative-dspark-block-size 7 --tp 4" in dspark
+
+
+def test_local_drafter_block_is_read_from_its_config(tmp_path, tiny_dspark):
+    serve = resolve_target(str(tmp_path / "model"), "dspark", str(tiny_dspark), None)
+    assert serve.block_size == 7 and serve.target == str(tmp_path / "model")
+    assert resolve_target("qwen3-8b", "dspark", str(tiny_dspark), 5).block_size == 5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("smollm2-135m", "dflash", None, None), "no dflash drafter is known for smollm2-135m"),
+        (("qwen3-8b", "ngram", None, None), "--method must be one of dflash, dspark"),
+        (("model.gguf", "dflash", "d", None), "not GGUF"),
+    ],
+)
+def test_bad_exports(args, message):
+    with pytest.raises(SpecgenError, match=message):
+        resolve_target(*args)
+
+
+def test_cli_prints_the_command_on_stdout_and_notes_on_stderr():
+    result = runner.invoke(
+        app, ["export", "--model", "qwen3-8b", "--method", "dspark", "--engine", "sglang"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("python -m sglang.launch_server --model-path Qwen/Qwen3-8B")
+    assert "enable_thinking" in result.stderr
+    bad = runner.invoke(app, ["export", "--method", "dspark", "--engine", "tgi", "-m", "qwen3-8b"])
+    assert bad.exit_code == 2 and "--engine must be one of vllm, sglang" in bad.stderr

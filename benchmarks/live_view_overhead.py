@@ -4,7 +4,7 @@
 
 "without": chunks are consumed and nothing is drawn. "with": `LiveAnswer` draws into a
 terminal-like console (an in-memory buffer with colours and cursor moves, refreshed by
-Rich's thread 8 times a second as on a real terminal). Prints tokens/s of both and their
+Rich's thread 4 times a second as on a real terminal). Prints tokens/s of both and their
 ratio, then one JSON line.
 """
 

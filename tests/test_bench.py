@@ -150,6 +150,19 @@ def test_report_on_hand_made_runs():
     assert acceptance_lines(summary)[0].startswith("ngram: acceptance by position 1.00")
 
 
+def test_plot_writes_a_png(tmp_path, monkeypatch):
+    from specgen.bench.report import plot
+
+    pytest.importorskip("matplotlib")
+    run = BenchRun(runs=[_run("ar", "qa", 0, 10, 1.0), _run("ngram", "qa", 0, 10, 0.5, 3, 4)])
+    summary = summarize(run, {"model": "m", "suite": "s"})
+    plot(summary, str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    with pytest.raises(SpecgenError, match="--plot needs matplotlib"):
+        plot(summary, str(tmp_path / "again.png"))
+
+
 @pytest.fixture(scope="module")
 def pipes(tiny_llama):
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")

@@ -3,7 +3,7 @@ terminal).
 
 `status_panel` is a pure function of the stats (tested without a terminal). `LiveAnswer`
 prints finished lines of the answer above a small Rich Live region holding the unfinished
-line and the panel; Rich redraws that region from its own thread a few times a second, so
+line and the panel; Rich redraws that region from its own thread 4 times a second, so
 the decoding loop only appends text (benchmarks/live_view_overhead.py measures the cost).
 With `show_drafts`, text from accepted draft tokens is coloured apart from the target's
 own (bonus) tokens. `PlainAnswer` is the same interface for pipes: just the text.
@@ -103,7 +103,7 @@ class LiveAnswer:
         self.stats: GenStats | None = None
         self.lock = threading.Lock()  # the refresh thread reads what push writes
         self.live = Live(
-            self, console=console, refresh_per_second=8, transient=True, auto_refresh=True
+            self, console=console, refresh_per_second=4, transient=True, auto_refresh=True
         )
         self.live.start()
 

@@ -105,7 +105,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         f"T={summary.get('temperature')} · τ includes the bonus token"
     )
     table = Table(title=title, title_justify="left")
-    for column in ("method", "category", "tok/s", "speedup", "τ", "verify/step", "TTFT s"):
+    for column in ("method", "category", "tok/s", "speedup", "τ", "verify", "TTFT s"):
         left = column in ("method", "category")
         table.add_column(column, justify="left" if left else "right", no_wrap=left)
     table.add_column("= AR", justify="right")

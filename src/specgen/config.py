@@ -20,6 +20,8 @@ FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 
+ENGINES = ("overlap", "sync")  # see engine/overlap.py and engine/loop.py
+
 
 @dataclass(frozen=True)
 class RopeArgs:
@@ -159,7 +161,8 @@ class SpecConfig:
     """Which decoding method runs, and its drafting knobs.
 
     `method` is "ar" (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
-    `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry.
+    `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry,
+    or a tuple of them for a method that mounts several (stacked).
     `draft_tokens` caps the tokens drafted per step (None: the method's default).
     `block_size` runs a block drafter at a smaller block than it was trained with.
     `verify_policy` chooses each step's verify length: "cost" (best expected tokens per
@@ -167,16 +170,25 @@ class SpecConfig:
     token) or "threshold=X" (while each token's acceptance estimate is >= X); a string or
     a `VerifyPolicy`.
     `trace` records every step (draft, verify length, accepted, bonus) in the stats.
+    `engine` is "overlap" (decoding in a compute thread, one or two steps ahead of the
+    caller's detokenizing and rendering) or "sync" (the plain loop); same tokens either way.
     """
 
     method: str = "ar"
-    drafter: str | None = None
+    drafter: str | tuple[str, ...] | None = None
     draft_tokens: int | None = None
     block_size: int | None = None
     verify_policy: VerifyPolicy | str = field(default_factory=VerifyPolicy)
     trace: bool = False
+    engine: str = "overlap"
 
     def __post_init__(self) -> None:
+        if isinstance(self.drafter, list | tuple):  # one drafter is a plain string
+            drafters = tuple(self.drafter)
+            one = drafters[0] if drafters else None
+            object.__setattr__(self, "drafter", drafters if len(drafters) > 1 else one)
+        if self.engine not in ENGINES:
+            raise SpecgenError(f"--engine must be overlap or sync (got {self.engine!r})")
         if isinstance(self.verify_policy, str):
             object.__setattr__(self, "verify_policy", VerifyPolicy.parse(self.verify_policy))
         if self.draft_tokens is not None and self.draft_tokens < 1:

@@ -65,6 +65,7 @@ def stats_line(stats: GenStats) -> str:
         parts.append(f"verify {stats.mean_verify_length:.2f}/step ({stats.verify_policy})")
     if stats.mean_confidence is not None:
         parts.append(f"confidence {stats.mean_confidence:.2f}")
+    parts += drafter_shares(stats)
     if stats.ttft_seconds is not None:
         parts.append(f"first token {stats.ttft_seconds:.2f} s")
     if stats.prompt_tokens:
@@ -73,6 +74,11 @@ def stats_line(stats: GenStats) -> str:
     if stats.finish_reason and stats.finish_reason != "stop":
         parts.append(f"stopped: {stats.finish_reason}")
     return " · ".join(parts)
+
+
+def drafter_shares(stats: GenStats) -> list[str]:
+    """Stacked: how many steps each drafter drafted, and its τ over them."""
+    return [f"{name} {n} steps τ {(a + n) / n:.2f}" for name, (n, a) in stats.by_drafter.items()]
 
 
 def show_stats(stats: GenStats) -> None:

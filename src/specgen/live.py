@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
+from specgen.display import drafter_shares
 from specgen.stats import GenStats
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ def status_panel(stats: GenStats, ar_step_seconds: float | None = None) -> Panel
     if stats.mean_confidence is not None:
         top.append(f"confidence {stats.mean_confidence:.2f}")
     lines = [" · ".join(top)]
+    shares = drafter_shares(stats)
+    if shares:
+        lines.append("drafted by " + " · ".join(shares))
     rates = stats.acceptance_per_position()
     if rates:
         lines.append(f"acceptance by position {acceptance_bars(rates)}")

@@ -20,6 +20,7 @@ from specgen.drafting.base import DraftMethod
 from specgen.engine.ar import generate_ar
 from specgen.engine.events import StepEvent
 from specgen.engine.loop import generate_speculative
+from specgen.engine.overlap import overlapped
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
 from specgen.hub import Notify, resolve_drafter, resolve_model
@@ -97,17 +98,30 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
-    """The method exists; a drafter alone names its method; a method that needs a drafter
-    has one (the registry's for `model` when none was given)."""
+    """The method exists; given drafters name their method; a method that needs drafters
+    has them (the registry's for `model` when none were given)."""
     if spec.method not in METHODS:
         raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
-    if spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
+    if spec.method == "ar" and isinstance(spec.drafter, tuple):  # the method mounting as many
+        fits = [m for m, cls in DRAFTERS.items() if cls.drafters_needed == len(spec.drafter)]
+        if not fits:
+            raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
+        spec = replace(spec, method=fits[0])
+    elif spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
         drafter_dir = resolve_drafter(spec.drafter)
         spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
-    if spec.method == "ar" or spec.drafter is not None or not DRAFTERS[spec.method].needs_drafter:
+    if spec.method == "ar":
+        return spec
+    cls = DRAFTERS[spec.method]
+    given = spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
+    if spec.drafter is not None and len(given) != cls.drafters_needed:
+        raise SpecgenError(
+            f"--method {spec.method} takes {cls.drafters_needed} --drafter, got {len(given)}"
+        )
+    if spec.drafter is not None or not cls.needs_drafter:
         return spec
     entry = MODELS.get(model.lower())
-    drafter = entry.drafters.get(spec.method) if entry else None
+    drafter = cls.registry_drafter(entry.drafters) if entry else None
     if drafter is None:
         raise SpecgenError(
             f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
@@ -261,30 +275,41 @@ class Pipeline:
         output: list[int] = []
         params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
         if session.drafter is None:
-            events = generate_ar(
-                self.model,
-                session.cache,
-                new_ids,
-                params=params,
-                max_new_tokens=max_new_tokens,
-                stop_ids=stop_ids,
-            )
+
+            def make_events() -> Iterator[StepEvent]:
+                return generate_ar(
+                    self.model,
+                    session.cache,
+                    new_ids,
+                    params=params,
+                    max_new_tokens=max_new_tokens,
+                    stop_ids=stop_ids,
+                )
         else:
-            events = generate_speculative(
-                self.model,
-                session.cache,
-                session.drafter,
-                new_ids,
-                params=params,
-                max_new_tokens=max_new_tokens,
-                stop_ids=stop_ids,
-                scheduler=session.scheduler,
-            )
+
+            def make_events() -> Iterator[StepEvent]:
+                return generate_speculative(
+                    self.model,
+                    session.cache,
+                    session.drafter,
+                    new_ids,
+                    params=params,
+                    max_new_tokens=max_new_tokens,
+                    stop_ids=stop_ids,
+                    scheduler=session.scheduler,
+                )
+
+        events = overlapped(make_events) if self.spec.engine == "overlap" else make_events()
         try:
             for event in events:
                 output.extend(event.tokens)
                 stats.record_step(
-                    len(event.tokens), event.drafted, event.accepted, event.finish, event.confidence
+                    len(event.tokens),
+                    event.drafted,
+                    event.accepted,
+                    event.finish,
+                    event.confidence,
+                    event.drafter,
                 )
                 if stats.trace is not None:
                     stats.trace.append(self._trace_record(event))
@@ -296,12 +321,13 @@ class Pipeline:
                     text += detok.flush()
                 yield Chunk(text, event.tokens, stats, draft_chars=len(drafted_text))
         finally:
+            events.close()  # the overlap engine's compute thread is done after this
             session.settle(prompt_ids + output)
 
     def _trace_record(self, event: StepEvent) -> dict[str, Any]:
         """What `--trace` shows for one step (the first step of an answer is the prefill)."""
         record = {
-            "drafter": self.spec.method,
+            "drafter": event.drafter or self.spec.method,
             "draft": list(event.proposal),
             "verify_length": event.drafted,
             "accepted": event.accepted,

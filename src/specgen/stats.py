@@ -26,6 +26,7 @@ class GenStats:
     confidence_sum: float = 0.0  # over every drafted token that had a confidence
     confidence_count: int = 0
     verify_policy: str | None = None  # how verify lengths were chosen (None for AR)
+    by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [steps, accepted]
     finish_reason: str | None = None
     trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
     _start: float = field(default_factory=time.perf_counter, repr=False)
@@ -37,6 +38,7 @@ class GenStats:
         accepted: int,
         finish: str | None,
         confidence: tuple[float, ...] = (),
+        drafter: str | None = None,
     ) -> None:
         now = time.perf_counter() - self._start
         if self.ttft_seconds is None:
@@ -46,6 +48,10 @@ class GenStats:
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        if drafter is not None:  # only where several drafters take turns (stacked)
+            counts = self.by_drafter.setdefault(drafter, [0, 0])
+            counts[0] += 1
+            counts[1] += accepted
         self.confidence_sum += sum(confidence)
         self.confidence_count += len(confidence)
         _count_positions(self.drafted_per_position, drafted)
@@ -96,6 +102,11 @@ class GenStats:
             "mean_verify_length": round(self.mean_verify_length, 3),
             "mean_confidence": _round(self.mean_confidence, 4),
             "verify_policy": self.verify_policy,
+            # stacked: steps each drafter drafted and its τ over them (incl. bonus)
+            "drafters": {
+                name: {"steps": n, "tau": round((a + n) / n, 3)}
+                for name, (n, a) in self.by_drafter.items()
+            },
             # fraction of steps whose k-th draft token was accepted (empty for AR)
             "accepted_per_position": [round(c / self.steps, 4) for c in self.accepted_per_position],
             "finish_reason": self.finish_reason,

@@ -14,6 +14,7 @@ from specgen.cli.options import (
     DebugOpt,
     DeviceOpt,
     DtypeOpt,
+    EngineOpt,
     MaxNewTokensOpt,
     ModelOpt,
     QuietOpt,
@@ -63,6 +64,7 @@ def bench(
         typer.Option("--drafter", help="A drafter checkpoint for its method; repeatable."),
     ] = None,
     verify_policy: VerifyPolicyOpt = "cost",
+    engine: EngineOpt = "overlap",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     context: ContextOpt = None,
@@ -88,7 +90,7 @@ def bench(
         sampling = sampling_options(max_new_tokens, temperature, 0, 1.0, seed)
         prompts = load_suite(suite, num_prompts)
         pipes = _pipelines(
-            model, methods, drafter or [], verify_policy, device, dtype, context, quiet
+            model, methods, drafter or [], verify_policy, engine, device, dtype, context, quiet
         )
         total = len(prompts) * len(pipes)
         with display.progress(total, "benchmarking", disable=quiet) as advance:
@@ -111,6 +113,7 @@ def bench(
             "temperature": temperature,
             "repeats": repeats,
             "verify_policy": verify_policy,
+            "engine": engine,
         }
         summary = summarize(result, meta)
         display.show(results_table(summary))
@@ -126,7 +129,7 @@ def bench(
 bench.__doc__ = (bench.__doc__ or "") + EXAMPLES
 
 
-def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet):
+def _pipelines(model, methods, drafters, policy, engine, device, dtype, context, quiet):
     """The AR pipeline and one per method, all on one loaded target."""
     from specgen.config import SpecConfig
     from specgen.drafting import DRAFTERS, method_of
@@ -151,9 +154,18 @@ def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet):
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {', '.join(METHODS)}")
         names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
     notify = None if quiet else display.status
-    base = Pipeline.load(model, device=device, dtype=dtype, context=context, notify=notify)
+    base = Pipeline.load(
+        model,
+        device=device,
+        dtype=dtype,
+        context=context,
+        spec=SpecConfig(engine=engine),
+        notify=notify,
+    )
     pipes = {"ar": base}
     for name in names[1:]:
-        spec = SpecConfig(method=name, drafter=by_method.get(name), verify_policy=policy)
+        spec = SpecConfig(
+            method=name, drafter=by_method.get(name), verify_policy=policy, engine=engine
+        )
         pipes[name] = base.with_spec(spec, notify=notify)
     return pipes

@@ -22,6 +22,7 @@ from specgen.cli.options import (
     DrafterOpt,
     DraftTokensOpt,
     DtypeOpt,
+    EngineOpt,
     MaxNewTokensOpt,
     Method,
     MethodOpt,
@@ -80,6 +81,7 @@ def chat(
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
+    engine: EngineOpt = "overlap",
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -102,6 +104,7 @@ def chat(
             draft_tokens=draft_tokens,
             block_size=block_size,
             verify_policy=verify_policy,
+            engine=engine,
         )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet

@@ -19,6 +19,7 @@ from specgen.cli.options import (
     DrafterOpt,
     DraftTokensOpt,
     DtypeOpt,
+    EngineOpt,
     JsonOpt,
     MaxNewTokensOpt,
     Method,
@@ -74,6 +75,7 @@ def generate(
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
+    engine: EngineOpt = "overlap",
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -101,6 +103,7 @@ def generate(
             block_size=block_size,
             verify_policy=verify_policy,
             trace=trace,
+            engine=engine,
         )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet

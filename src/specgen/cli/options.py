@@ -26,11 +26,11 @@ MethodOpt = Annotated[
     Method, typer.Option("--method", help="Decoding method (ar = no speculation).")
 ]
 DrafterOpt = Annotated[
-    str | None,
+    list[str] | None,
     typer.Option(
         "--drafter",
-        help="Drafter checkpoint (directory or Hub repo) instead of the registry's; "
-        "its kind sets --method when that is not given.",
+        help="Drafter checkpoint (directory or Hub repo) instead of the registry's; its kind "
+        "sets --method when that is not given. Give two (DFlash + DSpark) for stacked.",
     ),
 ]
 BlockSizeOpt = Annotated[
@@ -91,6 +91,13 @@ JsonOpt = Annotated[
 ]
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print only the answer: no status or stats.")
+]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="overlap (decode in a compute thread, ahead of printing) or sync (the plain loop).",
+    ),
 ]
 ShowDraftsOpt = Annotated[
     bool,

@@ -43,6 +43,7 @@ class Draft:
     # from what it knew before drawing d_j (for the verify-length scheduler)
     confidence: torch.Tensor | None = None
     bucket: int = 0  # a class of drafts whose acceptance is tracked apart (e.g. match length)
+    source: str | None = None  # which drafter proposed it, where several are mounted
 
     @property
     def length(self) -> int:
@@ -57,6 +58,7 @@ class Draft:
             probs=None if self.probs is None else self.probs[:, :length],
             confidence=None if self.confidence is None else self.confidence[:, :length],
             bucket=self.bucket,
+            source=self.source,
         )
 
 
@@ -88,7 +90,12 @@ class DraftMethod(Protocol):
 
     architectures: tuple[str, ...]  # config.json architectures of its checkpoints
     needs_drafter: bool  # loads a checkpoint (--drafter or the registry's)
+    drafters_needed: int  # checkpoints it mounts: 0, 1, or 2 (stacked)
     max_draft_tokens: int
+
+    @classmethod
+    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | tuple[str, ...] | None:
+        """Its checkpoint(s) among a registry entry's drafters (method -> repo), if any."""
 
     @classmethod
     def load(

@@ -76,6 +76,11 @@ def markov_draw(
 class DSparkMethod:
     architectures: tuple[str, ...] = ("Qwen3DSparkModel",)
     needs_drafter = True
+    drafters_needed = 1
+
+    @classmethod
+    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | None:
+        return drafters.get("dspark")
 
     def __init__(
         self,

@@ -16,3 +16,4 @@ class StepEvent:
     proposal: tuple[int, ...] = ()  # what the drafter proposed, before any trimming
     bonus: int | None = None  # the target's own token this step
     confidence: tuple[float, ...] = ()  # the drafter's c_j for each proposed token, if any
+    drafter: str | None = None  # which drafter proposed (stacked mounts several)

@@ -103,5 +103,6 @@ def generate_speculative(
             proposal=tuple(drafted if draft is proposal else proposal.tokens[0].tolist()),
             bonus=bonus,
             confidence=_confidences(proposal),
+            drafter=proposal.source,
         )
         anchor = bonus

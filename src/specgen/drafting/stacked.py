@@ -1,0 +1,146 @@
+"""`--method stacked`: two drafters (DFlash and DSpark) mounted on one target.
+
+One capture of target features feeds both: the target taps the union of their layers
+and each drafter's context cache is extended with every committed token (and rolled back
+with the target), so either can draft the next step. Each step the selector
+(`scheduling/selector.py`) picks one from the record of earlier steps and the measured
+costs; the chosen drafter's draft goes through the shared verifier, and a DSpark draft
+keeps its confidences, so the verify-length scheduler still trims it. The selection never
+looks at the tokens it will be judged on, so the output is exact.
+
+The two are found by their checkpoints' kinds (any two different registered drafter
+methods); each is validated against the target as it would be alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from specgen.drafting.base import DRAFTERS, Draft, DraftMethod, method_of, register
+from specgen.errors import CheckpointError, SpecgenError
+from specgen.hub import resolve_drafter
+from specgen.scheduling.cost import cached_costs
+from specgen.scheduling.selector import DrafterRecord, choose_drafter, record_step
+
+if TYPE_CHECKING:
+    from specgen.config import SamplingParams, SpecConfig
+    from specgen.models.transformer import Transformer
+
+MOUNTED = ("dflash", "dspark")  # the registry's drafters a stacked alias uses
+
+
+@register("stacked")
+class StackedMethod:
+    architectures: tuple[str, ...] = ()  # never inferred from one checkpoint
+    needs_drafter = True
+    drafters_needed = 2
+
+    @classmethod
+    def registry_drafter(cls, drafters: Mapping[str, str]) -> tuple[str, ...] | None:
+        found = tuple(drafters[m] for m in MOUNTED if m in drafters)
+        return found if len(found) == 2 else None
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        methods: Sequence[DraftMethod],
+        draft_seconds: Sequence[float],
+        step_seconds: Sequence[float],
+    ) -> None:
+        self.names = tuple(names)
+        self.methods = tuple(methods)
+        self.draft_seconds = tuple(draft_seconds)
+        self.step_seconds = tuple(step_seconds)
+        self.max_draft_tokens = max(m.max_draft_tokens for m in methods)
+
+    @classmethod
+    def load(
+        cls,
+        target: Transformer,
+        spec: SpecConfig,
+        *,
+        target_name: str,
+        notify: Callable[[str], None] | None = None,
+    ) -> StackedMethod:
+        if not isinstance(spec.drafter, tuple) or len(spec.drafter) != 2:
+            raise SpecgenError("--method stacked needs two drafters: --drafter A --drafter B")
+        dirs = [resolve_drafter(d) for d in spec.drafter]
+        kinds = [method_of(d) for d in dirs]
+        if kinds[0] == kinds[1] or not all(DRAFTERS[k].drafters_needed == 1 for k in kinds):
+            raise CheckpointError(
+                f"stacked needs two drafters of different kinds (e.g. dflash + dspark), "
+                f"got {kinds[0]} + {kinds[1]}"
+            )
+        methods = [
+            DRAFTERS[k].load(
+                target,
+                replace(spec, method=k, drafter=str(d), block_size=None),
+                target_name=target_name,
+                notify=notify,
+            )
+            for k, d in zip(kinds, dirs, strict=True)
+        ]
+        # measured once and cached: each drafter's time per step, the target's verify times
+        longest = max(m.max_draft_tokens for m in methods)
+        tables = [
+            cached_costs(
+                target,
+                f"stacked|{target_name}",
+                longest,
+                notify,
+                method=m,
+                drafter_key=f"{k}|{d}|{spec.draft_tokens}",
+            )
+            for k, d, m in zip(kinds, dirs, methods, strict=True)
+        ]
+        steps = tables[0].step_seconds(tables[0].contexts[0])
+        return cls(kinds, methods, [t.draft_seconds for t in tables], steps)
+
+    def new_drafter(self, capacity: int) -> StackedDrafter:
+        return StackedDrafter(self, capacity)
+
+
+class StackedDrafter:
+    def __init__(self, method: StackedMethod, capacity: int) -> None:
+        self.method = method
+        self.drafters = [m.new_drafter(capacity) for m in method.methods]
+        self.taps = tuple(sorted(set().union(*(d.taps for d in self.drafters))))
+        self.max_draft_tokens = method.max_draft_tokens
+        self.records = tuple(DrafterRecord() for _ in self.drafters)
+        self.step = 0
+        self._pending: tuple[int, int] | None = None  # (drafter, draft length) in flight
+
+    def rollback(self, length: int) -> None:
+        self._pending = None  # an interrupted step is not evidence about anyone
+        for d in self.drafters:
+            d.rollback(length)
+
+    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
+        for d in self.drafters:
+            d.observe(tokens, {i: taps[i] for i in d.taps})
+        if self._pending is not None:  # a step's observe: [anchor, *accepted drafts]
+            chosen, proposed = self._pending
+            self.records = record_step(self.records, chosen, self.step, len(tokens), proposed)
+            self._pending = None
+
+    def propose(
+        self,
+        anchor: int,
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self.step += 1
+        chosen = choose_drafter(
+            self.records,
+            step=self.step,
+            draft_seconds=self.method.draft_seconds,
+            step_seconds=self.method.step_seconds,
+        )
+        draft = self.drafters[chosen].propose(anchor, max_tokens, params, generator)
+        self._pending = (chosen, draft.length)
+        return replace(draft, bucket=chosen, source=self.method.names[chosen])

@@ -1,0 +1,77 @@
+"""The overlap engine: decoding steps run one or two ahead of the caller's host work.
+
+`overlapped(make_events)` runs a decoding loop (`engine/loop.py` or `engine/ar.py`, the
+same code, so the same tokens and stats) in a compute thread and hands each step's
+`StepEvent` to the caller through a small bounded queue. While the compute thread runs
+step N+1, the caller's thread detokenizes, updates stats and renders step N; torch
+releases the GIL inside its kernels, so the two really run at once. The queue holds at
+most `depth` finished steps, so the compute thread is never more than that far ahead.
+
+Stops are exact: the loop itself cuts the output at EOS or `max_new_tokens` before it
+hands a step over, so nothing is found "late". When the caller stops early (Ctrl-C, or it
+abandons the stream), `close()` asks the compute thread to stop, waits for the step in
+flight to finish, and returns; the caller then rolls the session back to the tokens it
+actually consumed (`Session.settle`), so the target and drafter caches hold exactly the
+answer the user saw and a chat can continue.
+
+Host syncs: the `# sync:` lines of `engine/loop.py` (drafted tokens to the host, accepted
+count and bonus) and `engine/ar.py` (the sampled token) remain, but inside the compute
+thread, off the caller's path. Not done here (needs a GPU to build and measure): the CUDA
+form where the step state (committed length, anchor, accept count) stays device-resident,
+step N+1 is enqueued before step N's results are copied back, and steps replay as CUDA
+graphs; on CUDA this engine still overlaps host work but each step waits for its own
+results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+from specgen.engine.events import StepEvent
+
+DEPTH = 2  # finished steps the compute thread may run ahead of the caller
+
+
+def overlapped(
+    make_events: Callable[[], Iterator[StepEvent]], depth: int = DEPTH
+) -> Iterator[StepEvent]:
+    """The events of `make_events()`, computed in a thread, in order."""
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            with contextlib.closing(make_events()) as events:
+                for event in events:
+                    if not put(("event", event)):
+                        return  # the caller stopped: leave after the step in flight
+            put(("done", None))
+        except BaseException as e:  # handed to the caller, raised there
+            put(("error", e))
+
+    worker = threading.Thread(target=produce, name="specgen-decode", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, item = handoff.get()
+            if kind == "event":
+                yield item
+            elif kind == "error":
+                raise item
+            else:
+                return
+    finally:
+        stop.set()
+        worker.join()

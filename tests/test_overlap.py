@@ -104,5 +104,10 @@ def test_errors_in_the_compute_thread_reach_the_caller():
 def test_bad_engine_is_refused():
     from specgen.errors import SpecgenError
 
-    with pytest.raises(SpecgenError, match="--engine must be overlap or sync"):
+    with pytest.raises(SpecgenError, match="--engine must be auto, overlap or sync"):
         SpecConfig(engine="async")
+
+
+def test_auto_engine_overlaps_only_on_cuda(base):
+    assert base.with_spec(SpecConfig(method="ngram")).overlaps is False  # a CPU model
+    assert base.with_spec(SpecConfig(method="ngram", engine="overlap")).overlaps is True

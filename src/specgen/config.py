@@ -20,7 +20,7 @@ FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 
-ENGINES = ("overlap", "sync")  # see engine/overlap.py and engine/loop.py
+ENGINES = ("auto", "overlap", "sync")  # see engine/overlap.py and engine/loop.py
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ class SpecConfig:
     a `VerifyPolicy`.
     `trace` records every step (draft, verify length, accepted, bonus) in the stats.
     `engine` is "overlap" (decoding in a compute thread, one or two steps ahead of the
-    caller's detokenizing and rendering) or "sync" (the plain loop); same tokens either way.
+    caller's detokenizing and rendering), "sync" (the plain loop) or "auto" (overlap on
+    CUDA, sync on the CPU, where torch runs slower from a second thread); same tokens.
     """
 
     method: str = "ar"
@@ -180,7 +181,7 @@ class SpecConfig:
     block_size: int | None = None
     verify_policy: VerifyPolicy | str = field(default_factory=VerifyPolicy)
     trace: bool = False
-    engine: str = "overlap"
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.drafter, list | tuple):  # one drafter is a plain string
@@ -188,7 +189,7 @@ class SpecConfig:
             one = drafters[0] if drafters else None
             object.__setattr__(self, "drafter", drafters if len(drafters) > 1 else one)
         if self.engine not in ENGINES:
-            raise SpecgenError(f"--engine must be overlap or sync (got {self.engine!r})")
+            raise SpecgenError(f"--engine must be auto, overlap or sync (got {self.engine!r})")
         if isinstance(self.verify_policy, str):
             object.__setattr__(self, "verify_policy", VerifyPolicy.parse(self.verify_policy))
         if self.draft_tokens is not None and self.draft_tokens < 1:

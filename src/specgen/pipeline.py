@@ -216,6 +216,14 @@ class Pipeline:
         pipe.source = self.source
         return pipe
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether decoding runs in the overlap engine's compute thread. On the CPU torch's
+        OpenMP kernels run ~1.4x slower from a second thread (benchmarks/overlap_vs_sync.py),
+        which outweighs the host work hidden, so "auto" overlaps only on CUDA."""
+        engine = self.spec.engine
+        return engine == "overlap" or (engine == "auto" and self.model.device.type == "cuda")
+
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
         if self.method is None:
@@ -299,7 +307,7 @@ class Pipeline:
                     scheduler=session.scheduler,
                 )
 
-        events = overlapped(make_events) if self.spec.engine == "overlap" else make_events()
+        events = overlapped(make_events) if self.overlaps else make_events()
         try:
             for event in events:
                 output.extend(event.tokens)

@@ -64,7 +64,7 @@ def bench(
         typer.Option("--drafter", help="A drafter checkpoint for its method; repeatable."),
     ] = None,
     verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "overlap",
+    engine: EngineOpt = "auto",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     context: ContextOpt = None,

@@ -81,7 +81,7 @@ def chat(
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "overlap",
+    engine: EngineOpt = "auto",
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,

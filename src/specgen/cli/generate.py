@@ -75,7 +75,7 @@ def generate(
     draft_tokens: DraftTokensOpt = None,
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "overlap",
+    engine: EngineOpt = "auto",
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,

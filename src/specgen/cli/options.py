@@ -96,7 +96,8 @@ EngineOpt = Annotated[
     str,
     typer.Option(
         "--engine",
-        help="overlap (decode in a compute thread, ahead of printing) or sync (the plain loop).",
+        help="overlap (decode in a compute thread, ahead of printing), sync (the plain "
+        "loop), or auto (overlap on CUDA, sync on the CPU).",
     ),
 ]
 ShowDraftsOpt = Annotated[

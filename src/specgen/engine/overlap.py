@@ -14,6 +14,11 @@ flight to finish, and returns; the caller then rolls the session back to the tok
 actually consumed (`Session.settle`), so the target and drafter caches hold exactly the
 answer the user saw and a chat can continue.
 
+Measured on the 2-core CPU (benchmarks/overlap_vs_sync.py): 0.62x of the sync loop, same
+tokens. Torch's OpenMP kernels run about 1.4x slower when called from a second thread (a
+plain decode step: 29 ms from the main thread, 41-48 ms from a worker), which outweighs
+the ~1% of host work it hides; so `--engine auto` (the default) overlaps on CUDA only.
+
 Host syncs: the `# sync:` lines of `engine/loop.py` (drafted tokens to the host, accepted
 count and bonus) and `engine/ar.py` (the sampled token) remain, but inside the compute
 thread, off the caller's path. Not done here (needs a GPU to build and measure): the CUDA

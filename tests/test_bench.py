@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from conftest import FIXTURES
 from specgen.bench.harness import BenchRun, Divergence, PromptRun, run_bench
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
@@ -214,3 +215,21 @@ def test_cli_bench_bad_input_is_one_line(tiny_llama, tmp_path):
     assert result.exit_code == 2 and "no such suite file" in result.stderr
     result = runner.invoke(app, ["bench", "--model", str(tiny_llama), "--methods", "medusa"])
     assert result.exit_code == 2 and "unknown method 'medusa'" in result.stderr
+
+
+def test_roofline_arithmetic():
+    from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
+    from specgen.config import ModelArgs
+
+    args = ModelArgs.from_hf(json.loads((FIXTURES / "qwen3-8b.config.json").read_text()))
+    params = 8_190_735_360 * 2  # Qwen3-8B in bf16
+    emb = args.vocab_size * args.hidden_size * 2
+    got = bytes_per_step(args, params, 2, context=1000)
+    kv = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 2 * 1000
+    assert got == params - emb + args.hidden_size * 2 + kv  # untied: the table is one row
+    assert (
+        peak_bandwidth("NVIDIA H200") == 4.8e12
+        and peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    )
+    assert peak_bandwidth("Some GPU") is None
+    assert utilisation(4.8e9, 0.001, 4.8e12) == pytest.approx(1.0)

@@ -116,6 +116,7 @@ def bench(
             "engine": engine,
         }
         summary = summarize(result, meta)
+        summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result)
         display.show(results_table(summary))
         for line in acceptance_lines(summary):
             display.show(line)
@@ -127,6 +128,28 @@ def bench(
 
 
 bench.__doc__ = (bench.__doc__ or "") + EXAMPLES
+
+
+def _ar_roofline(ar, result) -> float | None:
+    """AR's share of the GPU's memory-bandwidth roofline over the bench (CUDA only)."""
+    import torch
+
+    from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
+
+    if ar.model.device.type != "cuda":
+        return None
+    peak = peak_bandwidth(torch.cuda.get_device_name(ar.model.device))
+    runs = [r for r in result.runs if r.method == "ar" and r.stats.new_tokens > 1]
+    if peak is None or not runs:
+        return None
+    params = sum(p.numel() * p.element_size() for p in ar.model.parameters())
+    size = next(ar.model.parameters()).element_size()
+    shares = []
+    for r in runs:
+        step = (r.seconds - r.ttft_seconds) / (r.stats.new_tokens - 1)
+        context = r.stats.prompt_tokens + r.stats.new_tokens // 2  # the mean over the answer
+        shares.append(utilisation(bytes_per_step(ar.model.args, params, size, context), step, peak))
+    return round(sum(shares) / len(shares), 4)
 
 
 def _pipelines(model, methods, drafters, policy, engine, device, dtype, context, quiet):

@@ -16,8 +16,9 @@ for chunk in pipe.stream("Write a haiku about the sea.", sampling=sampling, max_
     print(chunk.text, end="", flush=True)
 print()
 
-# Prompt lookup: same greedy output as above, drafted from the prompt where it can be.
-fast = Pipeline.load(spec=SpecConfig(method="ngram"))
+# Prompt lookup on the same loaded model: same greedy output, drafted from the prompt where
+# it can be; the scheduler verifies only as many drafts as pay for themselves.
+fast = pipe.with_spec(SpecConfig(method="ngram", verify_policy="cost"))
 text = "Repeat after me: the quick brown fox jumps over the lazy dog."
 result = fast.generate(text, max_new_tokens=32)
 print(result.text, f"(τ {result.stats.acceptance_length:.2f}, incl. bonus)")

@@ -391,3 +391,13 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     dof = len(exp) - 1
     z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests need CUDA; elsewhere they are skipped, saying why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (scripts/gpu_check.sh runs these)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

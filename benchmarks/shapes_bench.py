@@ -1,0 +1,164 @@
+"""Step costs at real model shapes with random weights (no Hub needed): the GPU check.
+
+    python benchmarks/shapes_bench.py --target ../shared/fixtures/qwen3-8b.config.json \
+        --device cuda --dtype bfloat16 [--contexts 512,4096] [--out results.json]
+
+Builds the target from a real config.json with random weights, plus a DFlash drafter
+(5 layers, block 16, z-lab's layout) and a DSpark drafter (5 layers, block 7, Markov rank
+256, DeepSpec's layout) sized for it, and measures:
+- the AR step (one token) and verify steps over 1..16 tokens at each context;
+- AR memory-bandwidth utilisation (bytes a step must read / step time / peak bandwidth);
+- each drafter's time per step (propose + observe);
+- projected tokens/s = published τ / (draft + verify step time), labelled as projected:
+  τ from the DSpark paper's Table 1 (Qwen3-4B/8B, γ = 7, T = 1; DFlash there is the
+  paper's block-7 baseline; see research/dspark.md §5.1), which is a per-step figure
+  measured elsewhere, not here.
+Timing only: the weights are random, so nothing here says anything about acceptance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parents[1] / "shared" / "fixtures"
+
+# DSpark paper Table 1 (T=1, γ=7): τ on GSM8K / MT-Bench, incl. the bonus token.
+PUBLISHED_TAU = {
+    "qwen3-4b": {"dflash": (5.40, 3.07), "dspark": (6.11, 3.64)},
+    "qwen3-8b": {"dflash": (5.33, 3.11), "dspark": (6.17, 3.72)},
+}
+
+
+def _drafter_config(target: dict, kind: str) -> dict:
+    """A draft config in the published layout for this target (DeepSpec's build_draft_config
+    for DSpark; z-lab's fields for DFlash)."""
+    n = target["num_hidden_layers"]
+    cfg = {**target, "num_hidden_layers": 5, "layer_types": ["full_attention"] * 5}
+    cfg["target_layer_ids"] = [1, *(1 + i * (n - 4) // 4 for i in (1, 2, 3)), n - 3]
+    cfg["num_target_layers"] = n
+    cfg["mask_token_id"] = target["vocab_size"] - 1
+    if kind == "dspark":
+        cfg.update(
+            architectures=["Qwen3DSparkModel"],
+            block_size=7,
+            num_anchors=512,
+            markov_rank=256,
+            markov_head_type="vanilla",
+            enable_confidence_head=True,
+            confidence_head_with_markov=True,
+        )
+    else:
+        cfg.update(architectures=["DFlashDraftModel"], block_size=16)
+    return cfg
+
+
+def _randomize(module: torch.nn.Module) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for p in module.parameters():
+        p.data.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+
+
+def build(target_cfg: dict, device: str, dtype: torch.dtype):
+    from specgen.config import ModelArgs
+    from specgen.drafting.dflash import DFlashMethod
+    from specgen.drafting.dspark import DSparkMethod
+    from specgen.models.dflash import DFlashArgs, DFlashNet
+    from specgen.models.dspark import DSparkArgs, DSparkNet
+    from specgen.models.transformer import Transformer
+
+    target = Transformer(ModelArgs.from_hf(target_cfg), dtype=dtype, device=device)
+    _randomize(target)
+    dflash = DFlashNet(
+        DFlashArgs.from_hf(_drafter_config(target_cfg, "dflash"), name="dflash"),
+        dtype=dtype,
+        device=torch.device(device),
+    )
+    dspark = DSparkNet(
+        DSparkArgs.from_hf(_drafter_config(target_cfg, "dspark"), name="dspark"),
+        dtype=dtype,
+        device=torch.device(device),
+    )
+    _randomize(dflash)
+    _randomize(dspark)
+    return target.eval(), {
+        "dflash": DFlashMethod(dflash.eval(), target, 16, None),
+        "dspark": DSparkMethod(dspark.eval(), target, 7, None),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, action="append", default=[])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--contexts", default="512,4096")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
+    from specgen.scheduling.cost import measure_costs, measure_draft_seconds
+
+    dtype = getattr(torch, args.dtype)
+    contexts = tuple(int(c) for c in args.contexts.split(","))
+    targets = args.target or [FIXTURES / "qwen3-4b.config.json", FIXTURES / "qwen3-8b.config.json"]
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    peak = peak_bandwidth(device_name)
+    report = {"device": device_name, "dtype": args.dtype, "torch": torch.__version__, "models": {}}
+    for path in targets:
+        name = path.name.removesuffix(".config.json")
+        cfg = json.loads(path.read_text())
+        started = time.perf_counter()
+        target, methods = build(cfg, args.device, dtype)
+        table = measure_costs(target, 16, contexts=contexts, repeats=5)
+        params = sum(p.numel() * p.element_size() for p in target.parameters())
+        row: dict = {"contexts": {}}
+        for c, seconds in zip(table.contexts, table.seconds, strict=True):
+            ar = seconds[0]
+            util = None
+            if peak:
+                util = utilisation(bytes_per_step(target.args, params, dtype.itemsize, c), ar, peak)
+            drafts = {k: measure_draft_seconds(m, target, context=c) for k, m in methods.items()}
+            projected = {}
+            for kind, tau in PUBLISHED_TAU.get(name, {}).items():
+                drafted = 15 if kind == "dflash" else 7  # block 16 (slot 0 = anchor) / γ 7
+                step = drafts[kind] + seconds[drafted]
+                projected[kind] = {"gsm8k": tau[0] / step, "mt_bench": tau[1] / step}
+            row["contexts"][str(c)] = {
+                "ar_step_ms": ar * 1e3,
+                "ar_tokens_per_second": 1 / ar,
+                "ar_bandwidth_utilisation": util,
+                "verify_ms": [s * 1e3 for s in seconds],  # [n]: 1 + n tokens
+                "verify16_over_ar": seconds[15] / ar,
+                "draft_ms": {k: v * 1e3 for k, v in drafts.items()},
+                "draft_over_ar": {k: v / ar for k, v in drafts.items()},
+                "projected_tokens_per_second": projected,
+            }
+            util_text = f"{util:.0%}" if util is not None else "n/a"
+            print(
+                f"{name} ctx {c}: AR {ar * 1e3:.2f} ms ({1 / ar:.0f} tok/s, {util_text} of "
+                f"roofline) · verify16/AR {seconds[15] / ar:.2f} · "
+                + " · ".join(f"{k} draft/AR {v / ar:.2f}" for k, v in drafts.items())
+                + " · projected "
+                + ", ".join(
+                    f"{k} {p['gsm8k']:.0f}/{p['mt_bench']:.0f} tok/s" for k, p in projected.items()
+                )  # fmt: skip
+            )
+        row["build_and_measure_seconds"] = time.perf_counter() - started
+        report["models"][name] = row
+        del target, methods
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

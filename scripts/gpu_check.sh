@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One prepared run on a machine with an NVIDIA GPU (the device tool's H200):
+#   1. install specgen over the machine's own torch / transformers / triton (--no-deps);
+#   2. the gpu-marked tests and the kernel tests, for real on CUDA;
+#   3. step costs at Qwen3-4B / Qwen3-8B shapes with random bf16 weights;
+# and write everything to $OUT (default ./gpu-results). Meant to finish in under 8 minutes.
+set -uo pipefail
+OUT="${OUT:-gpu-results}"
+mkdir -p "$OUT"
+export SPECGEN_HOME="${SPECGEN_HOME:-$PWD/.specgen-home}"
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+python -m pip install -q --no-deps -e . > "$OUT/install.txt" 2>&1 || {
+  echo "install failed"; cat "$OUT/install.txt"; exit 1; }
+# pytest/typer/rich/gguf may be missing on a bare machine: install only what is absent
+python -m pip install -q pytest typer rich gguf safetensors huggingface-hub > /dev/null 2>&1 || true
+
+timeout 240 python -m pytest -q tests/test_gpu.py tests/kernels 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
+
+timeout 300 python benchmarks/shapes_bench.py --device cuda --dtype bfloat16 \
+  --contexts 512,4096 --out "$OUT/shapes.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes.txt"
+echo "results in $OUT"

@@ -1,0 +1,1 @@
+"""`specgen train` (in progress): target data, training blocks, losses, checkpoints."""

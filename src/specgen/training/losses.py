@@ -74,12 +74,15 @@ def dspark_loss(
     p_target = target_logits.float().softmax(-1).detach()
     l1 = (p_draft - p_target).abs().sum(-1)  # [A, S], in [0, 2]
     loss = (ce_weight * (w * ce).sum() + l1_weight * (w * l1).sum()) / norm
-    parts = {"ce": float((w * ce).sum() / norm), "l1": float((w * l1).sum() / norm)}
+    parts = {
+        "ce": ((w * ce).sum() / norm).item(),
+        "l1": ((w * l1).sum() / norm).item(),
+    }
     if confidence_logits is not None:
         accept = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
         bce = F.binary_cross_entropy_with_logits(
             confidence_logits.float(), accept, reduction="none"
         )
         loss = loss + confidence_weight * (w * bce).sum() / norm
-        parts["bce"] = float((w * bce).sum() / norm)
+        parts["bce"] = ((w * bce).sum() / norm).item()
     return loss, parts

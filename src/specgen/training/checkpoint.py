@@ -1,0 +1,110 @@
+"""Write trained drafters in the public formats, so `--drafter DIR` and other engines load
+them: z-lab's `DFlashDraftModel` layout, or DeepSpec's `Qwen3DSparkModel` layout (without
+its copies of the target's embedding and LM head, which every loader can take from the
+target). Fused buffers are split back into the HF tensor names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from specgen.models.dflash import DFlashNet
+from specgen.models.dspark import DSparkNet
+
+
+def _layer_tensors(net: DFlashNet) -> dict[str, torch.Tensor]:
+    la = net.args.layers
+    q_rows, kv_rows = la.num_heads * la.head_dim, la.num_kv_heads * la.head_dim
+    out = {
+        "fc.weight": net.fc,
+        "hidden_norm.weight": net.hidden_norm,
+        "norm.weight": net.norm,
+    }
+    for i, layer in enumerate(net.layers):
+        p = f"layers.{i}."
+        q, k, v = layer.wqkv.split([q_rows, kv_rows, kv_rows])
+        gate, up = layer.w_gate_up.chunk(2)
+        out.update(
+            {
+                p + "input_layernorm.weight": layer.attn_norm,
+                p + "post_attention_layernorm.weight": layer.ffn_norm,
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer.wo,
+                p + "self_attn.q_norm.weight": layer.q_norm,
+                p + "self_attn.k_norm.weight": layer.k_norm,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.w_down,
+            }
+        )
+    return out
+
+
+def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any]:
+    la, args = net.args.layers, net.args
+    return {
+        **target_config,
+        "num_hidden_layers": la.num_layers,
+        "hidden_size": la.hidden_size,
+        "intermediate_size": la.intermediate_size,
+        "num_attention_heads": la.num_heads,
+        "num_key_value_heads": la.num_kv_heads,
+        "head_dim": la.head_dim,
+        "layer_types": ["full_attention"] * la.num_layers,
+        "block_size": args.block_size,
+        "num_target_layers": args.num_target_layers,
+        "tie_word_embeddings": False,
+        "model_type": "qwen3",
+    }
+
+
+def save_drafter(
+    path: Path,
+    net: DFlashNet | DSparkNet,
+    target_config: dict[str, Any],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write config.json + model.safetensors for `net` into `path` (created)."""
+    backbone = net.backbone if isinstance(net, DSparkNet) else net
+    args = backbone.args
+    config = _base_config(target_config, backbone)
+    tensors = _layer_tensors(backbone)
+    if isinstance(net, DSparkNet):
+        a = net.args
+        config.update(
+            architectures=["Qwen3DSparkModel"],
+            mask_token_id=args.mask_token_id,
+            target_layer_ids=list(args.target_layer_ids),
+            markov_rank=a.markov_rank,
+            markov_head_type=a.markov_kind or "vanilla",
+            enable_confidence_head=a.confidence,
+            confidence_head_with_markov=a.confidence_with_markov,
+        )
+        if a.anchor_first:
+            config["num_anchors"] = 512  # its presence marks the anchor-first layout
+        for key, param in net.heads_plan_items():
+            tensors[key] = param
+        if a.confidence:
+            tensors["confidence_head.proj.bias"] = net.conf_b
+    else:
+        config.update(
+            architectures=["DFlashDraftModel"],
+            dflash_config={
+                "mask_token_id": args.mask_token_id,
+                "target_layer_ids": list(args.target_layer_ids),
+            },
+        )
+    config.update(extra or {})
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = {k: v.detach().to(dtype).contiguous().cpu() for k, v in tensors.items()}
+    save_file(weights, str(path / "model.safetensors"))
+    return path

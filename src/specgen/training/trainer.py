@@ -1,0 +1,84 @@
+"""One training step for a DFlash or DSpark drafter on target-generated sequences.
+
+Per sequence: the frozen target runs once over prompt + response (teacher forcing) for the
+tap layers' hidden states and its own logits; random anchors inside the response give
+blocks built as at inference (`blocks.py`); the drafter runs all of them in one pass and
+its slots go through the target's frozen LM head. DFlash minimises the weighted CE;
+DSpark adds its Markov head (teacher-forced), the L1 to the target's distribution and the
+confidence head's BCE (`losses.py`). Only the drafter's own weights train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen.models.dflash import DFlashNet
+from specgen.models.dspark import DSparkNet
+from specgen.models.transformer import Transformer
+from specgen.training.blocks import block_forward, make_blocks
+from specgen.training.losses import dflash_loss, dspark_loss, markov_logits
+
+
+@dataclass(frozen=True)
+class Sequence:
+    ids: list[int]  # prompt + response
+    response_start: int  # index of the first response token
+
+
+def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
+    params = list(net.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def sequence_loss(
+    target: Transformer,
+    net: DFlashNet | DSparkNet,
+    seq: Sequence,
+    *,
+    anchors_per_sequence: int,
+    gamma: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, dict[str, float]] | None:
+    """The loss of one sequence's random anchors (None when it has no anchor)."""
+    backbone = net.backbone if isinstance(net, DSparkNet) else net
+    dspark = isinstance(net, DSparkNet)
+    device = target.device
+    ids = torch.tensor(seq.ids, device=device)
+    n = ids.shape[0]
+    lo, hi = max(seq.response_start - 1, 1), n - 2  # anchor = last committed token
+    if hi < lo:
+        return None
+    taps = backbone.args.target_layer_ids
+    with torch.inference_mode():
+        out = target(ids[None], target.new_cache(n), taps=taps)
+    features = torch.cat([out.taps[i][0] for i in taps], dim=-1).clone()  # leave inference mode
+    count = min(anchors_per_sequence, hi - lo + 1)
+    anchors = lo + torch.randperm(hi - lo + 1, generator=generator)[:count].to(device)
+    anchors = anchors.sort().values
+    blocks = make_blocks(
+        ids,
+        anchors,
+        block_size=backbone.args.block_size,
+        mask_token_id=backbone.args.mask_token_id,
+        anchor_first=dspark and net.args.anchor_first,
+    )
+    embeds = target.embed_tokens(blocks.inputs)
+    hidden = block_forward(backbone, features, embeds, anchors)[:, blocks.first_slot :]
+    logits = target.head(hidden)  # [A, S, V]
+    if not dspark:
+        loss = dflash_loss(logits, blocks.targets, gamma)
+        return loss, {"ce": loss.item()}
+    prev = torch.cat([blocks.inputs[:, :1], blocks.targets[:, :-1].clamp(min=0)], dim=1)
+    draft = markov_logits(net, logits, hidden, prev)
+    # the target's distribution for the token at position p is its output at p - 1
+    positions = (anchors[:, None] + torch.arange(draft.shape[1], device=device)).clamp(max=n - 1)
+    target_logits = out.logits[0][positions].clone()
+    conf = None
+    if net.args.confidence:
+        a, s, h = hidden.shape
+        conf = net.confidence_logit(hidden.reshape(a * s, h), prev.reshape(-1)).view(a, s)
+    return dspark_loss(draft, target_logits, blocks.targets, conf, gamma)

@@ -337,3 +337,33 @@ def test_calibrate_refuses_a_drafter_without_confidence_head(tiny_qwen3_deep, tm
     result = run("calibrate", "--prompts", str(prompts), "--drafter", str(drafter),
                  "--model", str(tiny_qwen3_deep), "--device", "cpu")  # fmt: skip
     assert_one_line_error(result, 2, "has no confidence head to calibrate")
+
+
+def test_train_bad_input_is_one_line(tmp_path):
+    out = str(tmp_path / "d")
+    assert_one_line_error(
+        run("train", "--kind", "eagle", "--data", "x", "--out", out, "--steps", "1"),
+        2, "--kind must be dflash or dspark",
+    )  # fmt: skip
+    assert_one_line_error(
+        run("train", "--kind", "dflash", "--data", "x", "--out", out), 2, "give a budget"
+    )
+    assert_one_line_error(
+        run("train", "--kind", "dflash", "--data", str(tmp_path / "none.jsonl"), "--out", out,
+            "--steps", "1"),
+        2, "no such data file",
+    )  # fmt: skip
+
+
+def test_train_writes_a_drafter_generate_can_use(tiny_qwen3_deep, tmp_path):
+    data = tmp_path / "r.jsonl"
+    data.write_text(json.dumps({"prompt_ids": [5, 6, 7, 8], "response_ids": list(range(20, 60))}))
+    out = tmp_path / "d"
+    result = run("train", "--model", str(tiny_qwen3_deep), "--kind", "dflash", "--data",
+                 str(data), "--out", str(out), "--steps", "2", "--target-layers", "1,3",
+                 "--block-size", "4", "--mask-token-id", "319", "--device", "cpu")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    gen = run("generate", "hi", "--model", str(tiny_qwen3_deep), *FAST, "--drafter", str(out),
+              "--json")  # fmt: skip
+    assert gen.exit_code == 0, gen.stderr
+    assert json.loads(gen.stdout)["stats"]["verify_policy"] == "cost"

@@ -48,3 +48,33 @@ def test_training_lowers_the_loss_and_the_checkpoint_round_trips(
     got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
     assert got.token_ids == answer.token_ids
     assert got.stats.accepted > 0  # it learned this answer
+
+
+@pytest.mark.slow
+def test_training_loop_resumes_and_writes_a_loadable_drafter(tiny_qwen3_deep, tmp_path):
+    import json
+
+    from specgen.training.loop import TrainConfig, load_sequences, train
+
+    target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    rows = []
+    for text in ("The quick brown fox", "def add(a, b):", "Speculative decoding"):
+        prompt = base.encode(text, raw=True)
+        answer = base.generate(text, raw=True, max_new_tokens=30).token_ids
+        rows.append(json.dumps({"prompt_ids": prompt, "response_ids": answer}))
+    data_file = tmp_path / "responses.jsonl"
+    data_file.write_text("\n".join(rows) + "\n")
+    data = load_sequences(data_file)
+    cfg = TrainConfig(kind="dspark", block_size=4, target_layers=(1, 3), mask_token_id=319,
+                      markov_rank=8, steps=6, warmup=2, checkpoint_every=3, lr=3e-3)  # fmt: skip
+    config = read_config(tiny_qwen3_deep, "t")
+    first = train(target, config, data, cfg, tmp_path / "d")
+    assert first["steps"] == 6 and (tmp_path / "d" / "state.pt").is_file()
+    more = train(target, config, data, TrainConfig(**{**cfg.__dict__, "steps": 9}),
+                 tmp_path / "d", resume=True)  # fmt: skip
+    assert more["steps"] == 9  # continued from step 6
+    pipe = base.with_spec(SpecConfig(drafter=str(tmp_path / "d"), verify_policy="full"))
+    assert pipe.spec.method == "dspark"
+    want = base.generate("The quick brown fox", raw=True, max_new_tokens=20).token_ids
+    assert pipe.generate("The quick brown fox", raw=True, max_new_tokens=20).token_ids == want

@@ -10,6 +10,7 @@ from specgen.cli.chat import chat
 from specgen.cli.export import export
 from specgen.cli.generate import generate
 from specgen.cli.models import models, pull
+from specgen.cli.train import train
 
 app = typer.Typer(
     name="specgen",
@@ -27,6 +28,7 @@ app.command()(pull)
 app.command()(bench)
 app.command()(calibrate)
 app.command()(export)
+app.command()(train)
 
 
 def main() -> None:

@@ -1,0 +1,205 @@
+"""The training loop: a new drafter for a target, AdamW with warm-up + cosine decay,
+clipping, periodic resumable checkpoints, and the final drafter in its public format.
+
+The loop is time- or step-bounded (`minutes` / `steps`); the learning-rate schedule runs
+over that budget. `state.pt` in the output directory holds weights, optimiser, step,
+elapsed time and RNG state; `resume` continues from it (the budget then counts the time
+already spent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specgen.models.dflash import DFlashArgs, DFlashNet
+from specgen.models.dspark import DSparkArgs, DSparkNet
+from specgen.models.transformer import Transformer
+from specgen.training.checkpoint import save_drafter
+from specgen.training.trainer import Sequence, sequence_loss, trainable
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    kind: str = "dflash"  # or "dspark"
+    block_size: int = 8
+    draft_layers: int = 1
+    target_layers: tuple[int, ...] = ()  # () = spread over the target (z-lab's rule)
+    mask_token_id: int = 0
+    markov_rank: int = 64
+    lr: float = 1e-3
+    warmup: int = 50
+    minutes: float | None = None
+    steps: int | None = None
+    sequences_per_step: int = 4
+    anchors_per_sequence: int = 16
+    gamma: float = 4.0
+    clip: float = 1.0
+    checkpoint_every: int = 200
+    seed: int = 0
+
+
+def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: TrainConfig) -> dict:
+    """A drafter config.json for the target, in the layout `cfg.kind` is published in."""
+    from specgen.models.dflash import build_target_layer_ids
+
+    ids = list(cfg.target_layers) or build_target_layer_ids(target_layers, 3)
+    out = {
+        **target_config,
+        "model_type": "qwen3",
+        "num_hidden_layers": cfg.draft_layers,
+        "layer_types": ["full_attention"] * cfg.draft_layers,
+        "block_size": cfg.block_size,
+        "num_target_layers": target_layers,
+        "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": ids,
+        "tie_word_embeddings": False,
+    }
+    if cfg.kind == "dspark":
+        out.update(
+            num_anchors=512,
+            markov_rank=cfg.markov_rank,
+            markov_head_type="vanilla",
+            enable_confidence_head=True,
+            confidence_head_with_markov=True,
+        )
+    return out
+
+
+def new_drafter(target: Transformer, config: dict, kind: str, seed: int) -> DFlashNet | DSparkNet:
+    """Random weights (std 0.02, norms at 1, the Markov output and confidence at 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "dspark":
+        net: DFlashNet | DSparkNet = DSparkNet(
+            DSparkArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
+        )
+    else:
+        net = DFlashNet(
+            DFlashArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
+        )
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if p.dim() == 1:
+                p.fill_(0.0 if name.endswith("conf_b") else 1.0)
+            elif name.endswith(("markov_w2", "conf_w")):
+                p.zero_()  # start as the plain backbone, with an undecided confidence
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return net
+
+
+def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
+    """Linear warm-up over `warmup` steps, then cosine to 10% over the budget."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train(
+    target: Transformer,
+    target_config: dict[str, Any],
+    data: list[Sequence],
+    cfg: TrainConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    if not cfg.minutes and not cfg.steps:
+        raise ValueError("give a budget: minutes or steps")
+    config = drafter_config(target_config, target.args.num_layers, cfg)
+    net = new_drafter(target, config, cfg.kind, cfg.seed)
+    params = trainable(net)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step, spent, rng = 0, 0.0, random.Random(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state_path = out / "state.pt"
+    if resume and state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        net.load_state_dict(state["net"])
+        opt.load_state_dict(state["opt"])
+        step, spent = state["step"], state["seconds"]
+        rng.setstate(state["rng"])
+        gen.set_state(state["gen"])
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter() - spent
+    history: list[float] = []
+    while True:
+        elapsed = time.perf_counter() - start
+        progress = max(
+            elapsed / (cfg.minutes * 60) if cfg.minutes else 0.0,
+            step / cfg.steps if cfg.steps else 0.0,
+        )
+        if progress >= 1.0:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, progress, cfg)
+        opt.zero_grad()
+        total, used = 0.0, 0
+        for seq in rng.sample(data, min(cfg.sequences_per_step, len(data))):
+            result = sequence_loss(
+                target, net, seq, anchors_per_sequence=cfg.anchors_per_sequence,
+                gamma=cfg.gamma, generator=gen,
+            )  # fmt: skip
+            if result is None:
+                continue
+            loss, _ = result
+            (loss / cfg.sequences_per_step).backward()
+            total += loss.item()
+            used += 1
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        step += 1
+        history.append(total / max(used, 1))
+        if report and step % 10 == 0:
+            report({"step": step, "loss": sum(history[-10:]) / 10, "seconds": elapsed})
+        if step % cfg.checkpoint_every == 0:
+            _save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen)
+    seconds = time.perf_counter() - start
+    _save_state(state_path, net, opt, step, seconds, rng, gen)
+    summary = {
+        "config": asdict(cfg),
+        "steps": step,
+        "seconds": round(seconds, 1),
+        "sequences": len(data),
+        "final_loss": round(sum(history[-20:]) / max(len(history[-20:]), 1), 4),
+    }
+    save_drafter(out, net, config, extra={"specgen_training": summary})
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "net": net.state_dict(),
+            "opt": opt.state_dict(),
+            "step": step,
+            "seconds": seconds,
+            "rng": rng.getstate(),
+            "gen": gen.get_state(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
+
+
+def load_sequences(path: Path) -> list[Sequence]:
+    """Training sequences from a responses file (scripts/seed_training_responses.py)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if line.strip():
+            row = json.loads(line)
+            prompt, response = row["prompt_ids"], row["response_ids"]
+            if response:
+                out.append(Sequence(prompt + response, len(prompt)))
+    return out

@@ -72,6 +72,9 @@ def train(
         )
 
         def report(row: dict) -> None:
+            if "prepared" in row:
+                display.status(f"target features: {row['prepared']}/{row['of']} sequences")
+                return
             display.status(
                 f"step {row['step']} · loss {row['loss']:.3f} · {row['seconds'] / 60:.1f} min"
             )

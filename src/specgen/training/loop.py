@@ -24,7 +24,7 @@ from specgen.models.dflash import DFlashArgs, DFlashNet
 from specgen.models.dspark import DSparkArgs, DSparkNet
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import save_drafter
-from specgen.training.trainer import Sequence, sequence_loss, trainable
+from specgen.training.trainer import Prepared, Sequence, prepare, sequence_loss, trainable
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,13 @@ def train(
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
     out.mkdir(parents=True, exist_ok=True)
+    backbone = net.backbone if isinstance(net, DSparkNet) else net
+    taps = backbone.args.target_layer_ids
+    prepared: list[Prepared] = []
+    for i, seq in enumerate(data):  # the frozen target runs once per sequence
+        prepared.append(prepare(target, seq, taps, last=cfg.kind == "dspark"))
+        if report and (i + 1) % 100 == 0:
+            report({"prepared": i + 1, "of": len(data)})
     start = time.perf_counter() - spent
     history: list[float] = []
     while True:
@@ -144,7 +151,7 @@ def train(
             group["lr"] = lr_at(step, progress, cfg)
         opt.zero_grad()
         total, used = 0.0, 0
-        for seq in rng.sample(data, min(cfg.sequences_per_step, len(data))):
+        for seq in rng.sample(prepared, min(cfg.sequences_per_step, len(prepared))):
             result = sequence_loss(
                 target, net, seq, anchors_per_sequence=cfg.anchors_per_sequence,
                 gamma=cfg.gamma, generator=gen,

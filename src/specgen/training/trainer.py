@@ -27,6 +27,27 @@ class Sequence:
     response_start: int  # index of the first response token
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A sequence with the frozen target's hidden states, computed once (bf16 to save
+    memory; the tap layers for the drafter's context, the last layer for DSpark's target
+    distribution)."""
+
+    seq: Sequence
+    features: torch.Tensor  # [N, K*H]
+    last_hidden: torch.Tensor | None  # [N, H] output of the target's last layer
+
+
+@torch.inference_mode()
+def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: bool) -> Prepared:
+    n = len(seq.ids)
+    layers = tuple(sorted({*taps, target.args.num_layers - 1})) if last else taps
+    out = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
+    features = torch.cat([out.taps[i][0] for i in taps], dim=-1).to(torch.bfloat16)
+    final = out.taps[target.args.num_layers - 1][0].to(torch.bfloat16) if last else None
+    return Prepared(seq, features, final)
+
+
 def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
     params = list(net.parameters())
     for p in params:
@@ -37,7 +58,7 @@ def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
 def sequence_loss(
     target: Transformer,
     net: DFlashNet | DSparkNet,
-    seq: Sequence,
+    item: Sequence | Prepared,
     *,
     anchors_per_sequence: int,
     gamma: float,
@@ -46,16 +67,15 @@ def sequence_loss(
     """The loss of one sequence's random anchors (None when it has no anchor)."""
     backbone = net.backbone if isinstance(net, DSparkNet) else net
     dspark = isinstance(net, DSparkNet)
-    device = target.device
+    if isinstance(item, Sequence):
+        item = prepare(target, item, backbone.args.target_layer_ids, last=dspark)
+    seq, device = item.seq, target.device
     ids = torch.tensor(seq.ids, device=device)
     n = ids.shape[0]
     lo, hi = max(seq.response_start - 1, 1), n - 2  # anchor = last committed token
     if hi < lo:
         return None
-    taps = backbone.args.target_layer_ids
-    with torch.inference_mode():
-        out = target(ids[None], target.new_cache(n), taps=taps)
-    features = torch.cat([out.taps[i][0] for i in taps], dim=-1).clone()  # leave inference mode
+    features = item.features.to(target.dtype)
     count = min(anchors_per_sequence, hi - lo + 1)
     anchors = lo + torch.randperm(hi - lo + 1, generator=generator)[:count].to(device)
     anchors = anchors.sort().values
@@ -76,7 +96,9 @@ def sequence_loss(
     draft = markov_logits(net, logits, hidden, prev)
     # the target's distribution for the token at position p is its output at p - 1
     positions = (anchors[:, None] + torch.arange(draft.shape[1], device=device)).clamp(max=n - 1)
-    target_logits = out.logits[0][positions].clone()
+    assert item.last_hidden is not None
+    with torch.no_grad():
+        target_logits = target.logits(item.last_hidden[positions].to(target.dtype))
     conf = None
     if net.args.confidence:
         a, s, h = hidden.shape

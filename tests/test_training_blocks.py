@@ -59,3 +59,23 @@ def test_training_forward_has_gradients(tiny_qwen3_deep, tiny_dflash):
     out.square().mean().backward()
     assert net.fc.grad is not None and net.fc.grad.abs().sum() > 0
     assert all(p.grad is not None for p in net.layers[0].parameters())
+
+
+def test_sliding_window_layers_match_the_inference_path(tiny_qwen3_deep, tmp_path):
+    from conftest import save_tiny_dflash
+
+    target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    path = save_tiny_dflash(tmp_path / "w", target_layer_ids=[1, 3], sliding_window=6,
+                            layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    net = load_dflash(path, target=target, target_name="t", name="w")
+    features = torch.randn(20, 128, generator=torch.Generator().manual_seed(2))
+    anchors = torch.tensor([4, 13])
+    blocks = make_blocks(torch.arange(20), anchors, block_size=8, mask_token_id=319,
+                         anchor_first=False)  # fmt: skip
+    embeds = target.embed_tokens(blocks.inputs)
+    got = block_forward(net, features, embeds, anchors)
+    for i, a in enumerate(anchors.tolist()):
+        cache = net.new_cache(32)
+        net.extend(cache, features[None, :a])
+        want = net.block_hidden(cache, embeds[i : i + 1])[0]
+        torch.testing.assert_close(got[i], want, atol=3e-5, rtol=1e-5)

@@ -121,7 +121,10 @@ def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     if spec.drafter is not None or not cls.needs_drafter:
         return spec
     entry = MODELS.get(model.lower())
-    drafter = cls.registry_drafter(entry.drafters) if entry else None
+    drafter = None
+    if entry is not None:  # a method mounting several checkpoints picks them itself
+        pick = getattr(cls, "registry_drafter", None)
+        drafter = pick(entry.drafters) if pick else entry.drafters.get(spec.method)
     if drafter is None:
         raise SpecgenError(
             f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
@@ -139,6 +142,7 @@ class Pipeline:
         spec: SpecConfig | None = None,
         costs: CostTable | None = None,
         method: DraftMethod | None = None,
+        source: str | None = None,
     ) -> None:
         """Usually made by `load`. `costs` (measured verify and draft times) is what the
         "cost" verify policy needs; without it every draft is verified whole. `method` is
@@ -156,7 +160,7 @@ class Pipeline:
             method = DRAFTERS[self.spec.method].load(model, self.spec, target_name=name)
         self.method = method
         self.costs = costs
-        self.source = name  # where the target came from (part of the cost-table key)
+        self.source = source or name  # where the target came from (cost-table key)
         self.session = self.new_session()
 
     @classmethod
@@ -188,8 +192,7 @@ class Pipeline:
             raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
         context = context or min(limit, DEFAULT_CONTEXT)
-        base = cls(target, codec, resolved.name, context)
-        base.source = str(resolved.path)
+        base = cls(target, codec, resolved.name, context, source=str(resolved.path))
         return base if spec.method == "ar" else base.with_spec(spec, notify=notify)
 
     def with_spec(self, spec: SpecConfig, *, notify: Notify | None = None) -> Pipeline:
@@ -197,9 +200,9 @@ class Pipeline:
         sessions are not). Loads the drafter and, for the cost policy, the cost table."""
         spec = _checked_spec(spec, self.name)
         if spec.method == "ar":
-            pipe = Pipeline(self.model, self.codec, self.name, self.context, spec)
-            pipe.source = self.source
-            return pipe
+            return Pipeline(
+                self.model, self.codec, self.name, self.context, spec, source=self.source
+            )
         method = DRAFTERS[spec.method].load(self.model, spec, target_name=self.name, notify=notify)
         costs = None
         if spec.verify_policy.needs_costs:
@@ -212,9 +215,9 @@ class Pipeline:
                 method=method,
                 drafter_key=drafter_key,
             )
-        pipe = Pipeline(self.model, self.codec, self.name, self.context, spec, costs, method)
-        pipe.source = self.source
-        return pipe
+        return Pipeline(
+            self.model, self.codec, self.name, self.context, spec, costs, method, self.source
+        )
 
     @property
     def overlaps(self) -> bool:

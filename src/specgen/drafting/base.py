@@ -93,9 +93,8 @@ class DraftMethod(Protocol):
     drafters_needed: int  # checkpoints it mounts: 0, 1, or 2 (stacked)
     max_draft_tokens: int
 
-    @classmethod
-    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | tuple[str, ...] | None:
-        """Its checkpoint(s) among a registry entry's drafters (method -> repo), if any."""
+    # Optional: `registry_drafter(drafters: Mapping[str, str])` picks its checkpoint(s) from
+    # a registry entry's drafters (method -> repo); without it, the entry under its own name.
 
     @classmethod
     def load(

@@ -34,10 +34,6 @@ class DFlashMethod:
     needs_drafter = True
     drafters_needed = 1
 
-    @classmethod
-    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | None:
-        return drafters.get("dflash")
-
     def __init__(
         self, net: DFlashNet, target: Transformer, block_size: int, draft_tokens: int | None
     ) -> None:

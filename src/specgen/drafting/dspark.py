@@ -78,10 +78,6 @@ class DSparkMethod:
     needs_drafter = True
     drafters_needed = 1
 
-    @classmethod
-    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | None:
-        return drafters.get("dspark")
-
     def __init__(
         self,
         net: DSparkNet,

@@ -34,10 +34,6 @@ class NgramMethod:
     needs_drafter = False
     drafters_needed = 0
 
-    @classmethod
-    def registry_drafter(cls, drafters: Mapping[str, str]) -> None:
-        return None
-
     def __init__(self, draft_tokens: int, device: torch.device) -> None:
         self.max_draft_tokens = draft_tokens
         self.device = device

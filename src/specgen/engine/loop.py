@@ -41,6 +41,7 @@ def _cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int])
 
 
 def _confidences(draft: Draft) -> tuple[float, ...]:
+    # sync: tiny, next to the drafted tokens' own copy; stats and traces need host floats
     return () if draft.confidence is None else tuple(draft.confidence[0].tolist())
 
 

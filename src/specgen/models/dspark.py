@@ -128,10 +128,6 @@ class DSparkNet(nn.Module):
         for key, param in self._plan:
             yield key, param, 0
 
-    def heads_plan_items(self) -> list[tuple[str, nn.Parameter]]:
-        """The heads' checkpoint names and parameters (for writing a checkpoint)."""
-        return list(self._plan)
-
     def markov_step(
         self,
         prev: torch.Tensor,  # [N] int64: the token before each slot

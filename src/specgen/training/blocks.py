@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.models.dflash import DFlashNet
+from specgen.models.norm import rms_norm
 from specgen.models.rope import apply_rope, rope_tables
 
 
@@ -51,11 +52,6 @@ def make_blocks(
     return Blocks(anchors, inputs, targets, first)
 
 
-def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return (w.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
-
-
 def block_forward(
     net: DFlashNet,
     features: torch.Tensor,  # [N, K*H] target hidden states of the whole sequence
@@ -68,7 +64,7 @@ def block_forward(
     n, (a, b, h) = features.shape[0], block_embeds.shape
     dtype, device = block_embeds.dtype, block_embeds.device
     cos, sin = rope_tables(la.rope, d, n + b, dtype=dtype, device=device)
-    ctx = _norm(F.linear(features, net.fc), net.hidden_norm, eps)  # [N, H]
+    ctx = rms_norm(F.linear(features, net.fc), net.hidden_norm, eps)  # [N, H]
     qpos = anchors[:, None] + torch.arange(b, device=device)[None, :]  # [A, B]
     # visibility: [A*B queries, N context keys + A*B block keys]
     see_ctx = torch.arange(n, device=device)[None, None, :] < anchors[:, None, None]
@@ -76,25 +72,27 @@ def block_forward(
     same = torch.arange(a, device=device).repeat_interleave(b)
     see_block = same[:, None] == same[None, :]
     visible = torch.cat([see_ctx, see_block], dim=1)
+    key_pos = torch.cat([torch.arange(n, device=device), qpos.reshape(-1)])
+    distance = (qpos.reshape(-1)[:, None] - key_pos[None, :]).abs()
     x = block_embeds.reshape(a * b, h)
     qcos, qsin = cos[qpos.reshape(-1)], sin[qpos.reshape(-1)]
     for i, layer in enumerate(net.layers):
-        if net.args.windows[i] is not None:
-            raise NotImplementedError("training sliding-window drafter layers")
+        window = net.args.windows[i]  # sliding layers see keys with |q - k| < window
+        mask = visible if window is None else visible & (distance < window)
         wq, wk, wv = layer.wqkv.split([nq * d, nkv * d, nkv * d])
-        hn = _norm(x, layer.attn_norm, eps)
-        q = _norm(F.linear(hn, wq).view(1, a * b, nq, d), layer.q_norm, eps)
+        hn = rms_norm(x, layer.attn_norm, eps)
+        q = rms_norm(F.linear(hn, wq).view(1, a * b, nq, d), layer.q_norm, eps)
         q = apply_rope(q, qcos, qsin)[0]  # [A*B, nq, d]
         keys_in = torch.cat([ctx, hn], dim=0)  # context, then every block's own inputs
-        k = _norm(F.linear(keys_in, wk).view(1, -1, nkv, d), layer.k_norm, eps)
+        k = rms_norm(F.linear(keys_in, wk).view(1, -1, nkv, d), layer.k_norm, eps)
         kcos = torch.cat([cos[:n], qcos])
         ksin = torch.cat([sin[:n], qsin])
         k = apply_rope(k, kcos, ksin)[0]  # [N + A*B, nkv, d]
         v = F.linear(keys_in, wv).view(-1, nkv, d)
         k = k.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)  # [nq, keys, d]
         v = v.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=visible)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask)
         x = x + F.linear(out.transpose(0, 1).reshape(a * b, nq * d), layer.wo)
-        gate, up = F.linear(_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, -1)
+        gate, up = F.linear(rms_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, -1)
         x = x + F.linear(F.silu(gate) * up, layer.w_down)
-    return _norm(x, net.norm, eps).view(a, b, h)
+    return rms_norm(x, net.norm, eps).view(a, b, h)

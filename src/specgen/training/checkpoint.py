@@ -90,7 +90,7 @@ def save_drafter(
         )
         if a.anchor_first:
             config["num_anchors"] = 512  # its presence marks the anchor-first layout
-        for key, param in net.heads_plan_items():
+        for key, param, _ in net.heads_plan():
             tensors[key] = param
         if a.confidence:
             tensors["confidence_head.proj.bias"] = net.conf_b

@@ -123,7 +123,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     state_path = out / "state.pt"
     if resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=True)
         net.load_state_dict(state["net"])
         opt.load_state_dict(state["opt"])
         step, spent = state["step"], state["seconds"]

@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=160)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
 
     import torch
@@ -48,7 +49,8 @@ def main() -> None:
     model_dir = resolve_model("smollm2-135m").path
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
     done = set()
     if args.out.is_file():
@@ -63,6 +65,12 @@ def main() -> None:
             if line.strip() and (path.stem, i) not in done:
                 items.append((path.stem, i, json.loads(line)["turns"][0]))
     random.Random(0).shuffle(items)  # every source represented early on
+    # similar prompt lengths share a batch (less padding), chunks keep the sources mixed
+    items = [
+        item
+        for c in range(0, len(items), 256)
+        for item in sorted(items[c : c + 256], key=lambda item: len(item[2]))
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def encode(text: str) -> list[int]:
@@ -104,7 +112,7 @@ def main() -> None:
                     "index": index,
                     "prompt_ids": prompt,
                     "response_ids": response,
-                    "dtype": "bfloat16",
+                    "dtype": args.dtype,
                     "greedy": True,
                 }
                 f.write(json.dumps(record) + "\n")

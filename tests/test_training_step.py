@@ -67,13 +67,33 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(tiny_qwen3_deep, tm
     data_file.write_text("\n".join(rows) + "\n")
     data = load_sequences(data_file)
     cfg = TrainConfig(kind="dspark", block_size=4, target_layers=(1, 3), mask_token_id=319,
-                      markov_rank=8, steps=6, warmup=2, checkpoint_every=3, lr=3e-3)  # fmt: skip
+                      markov_rank=8, steps=9, warmup=2, checkpoint_every=3, lr=3e-3)  # fmt: skip
     config = read_config(tiny_qwen3_deep, "t")
-    first = train(target, config, data, cfg, tmp_path / "d")
-    assert first["steps"] == 6 and (tmp_path / "d" / "state.pt").is_file()
-    more = train(target, config, data, TrainConfig(**{**cfg.__dict__, "steps": 9}),
-                 tmp_path / "d", resume=True)  # fmt: skip
-    assert more["steps"] == 9  # continued from step 6
+    whole = train(target, config, data, cfg, tmp_path / "whole")
+    assert whole["steps"] == 9 and (tmp_path / "whole" / "state.pt").is_file()
+
+    import specgen.training.loop as loop
+
+    calls, real = [], loop.sequence_loss
+
+    def interrupted(*args, **kwargs):  # killed during step 8, after the step-6 checkpoint
+        calls.append(1)
+        if len(calls) > 7 * len(data):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    loop.sequence_loss = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(target, config, data, cfg, tmp_path / "d")
+    finally:
+        loop.sequence_loss = real
+    more = train(target, config, data, cfg, tmp_path / "d", resume=True)
+    assert more["steps"] == 9
+    a = torch.load(tmp_path / "whole" / "state.pt", weights_only=True)["net"]
+    b = torch.load(tmp_path / "d" / "state.pt", weights_only=True)["net"]
+    for name in a:  # resumed = uninterrupted, bit for bit
+        assert torch.equal(a[name], b[name]), name
     pipe = base.with_spec(SpecConfig(drafter=str(tmp_path / "d"), verify_policy="full"))
     assert pipe.spec.method == "dspark"
     want = base.generate("The quick brown fox", raw=True, max_new_tokens=20).token_ids

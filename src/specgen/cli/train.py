@@ -30,6 +30,15 @@ def train(
     lr: Annotated[float, typer.Option("--lr")] = 1e-3,
     mask_token_id: Annotated[int, typer.Option("--mask-token-id")] = 0,
     markov_rank: Annotated[int, typer.Option("--markov-rank")] = 64,
+    init: Annotated[
+        str, typer.Option("--init", help="target (copy the target's upper layers) or random.")
+    ] = "target",
+    full_vocab: Annotated[
+        bool, typer.Option("--full-vocab", help="Train through the whole LM head.")
+    ] = False,
+    eval_minutes: Annotated[
+        float, typer.Option("--eval-minutes", help="Offline τ on held-out answers this often.")
+    ] = 3.0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from DIR/state.pt.")] = False,
     device: DeviceOpt = "auto",
     debug: DebugOpt = False,
@@ -42,12 +51,15 @@ def train(
         from specgen.errors import SpecgenError
         from specgen.hub import resolve_model
         from specgen.models.loading import load_target, read_config
+        from specgen.paths import specgen_home
         from specgen.pipeline import resolve_device
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
         if kind not in ("dflash", "dspark"):
             raise SpecgenError(f"--kind must be dflash or dspark (got {kind!r})")
+        if init not in ("target", "random"):
+            raise SpecgenError(f"--init must be target or random (got {init!r})")
         if not minutes and not steps:
             raise SpecgenError("give a budget: --minutes N or --steps N")
         if not data.is_file():
@@ -69,9 +81,17 @@ def train(
             lr=lr,
             minutes=minutes,
             steps=steps,
+            init_from_target=init == "target",
+            restrict_vocab=not full_vocab,
+            eval_minutes=eval_minutes,
         )
 
         def report(row: dict) -> None:
+            if "eval" in row:
+                display.status(
+                    f"step {row['eval']} · held-out τ {row['tau']:.3f} · {row['minutes']:.1f} min"
+                )
+                return
             if "prepared" in row:
                 display.status(f"target features: {row['prepared']}/{row['of']} sequences")
                 return
@@ -80,5 +100,12 @@ def train(
             )
 
         config = read_config(resolved.path, resolved.name)
-        summary = run(target, config, sequences, cfg, out, resume=resume, report=report)
-        display.status(f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']})")
+        summary = run(
+            target, config, sequences, cfg, out, target_name=resolved.name,
+            features_cache=specgen_home() / "features", resume=resume, report=report,
+        )  # fmt: skip
+        tau = summary["offline_tau"]
+        display.status(
+            f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']}"
+            + (f", held-out τ {tau:.3f})" if tau is not None else ")")
+        )

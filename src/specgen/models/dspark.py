@@ -133,6 +133,7 @@ class DSparkNet(nn.Module):
         prev: torch.Tensor,  # [N] int64: the token before each slot
         hidden: torch.Tensor,  # [N, H]: the slots' backbone outputs (after the final norm)
         state: torch.Tensor | None,  # [N, r] for the rnn head (zeros at the block start)
+        vocab: torch.Tensor | None = None,  # training: bias for these token ids only
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The Markov bias [N, V] (fp32) for these slots, and the rnn head's next state."""
         emb = F.embedding(prev, self.markov_w1)
@@ -149,7 +150,8 @@ class DSparkNet(nn.Module):
             gate = torch.sigmoid(gate)
             state = gate * state + (1.0 - gate) * torch.tanh(candidate)
             z = torch.tanh(out)
-        return linear(z, self.markov_w2, None).float(), state
+        w2 = self.markov_w2 if vocab is None else self.markov_w2[vocab]
+        return linear(z, w2, None).float(), state
 
     def new_state(self, n: int) -> torch.Tensor | None:
         if self.args.markov_kind != "rnn":

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from specgen.config import RopeArgs
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 
@@ -46,17 +47,40 @@ def _layer_tensors(net: DFlashNet) -> dict[str, torch.Tensor]:
     return out
 
 
+def _rope_config(rope: RopeArgs) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": rope.kind, "rope_theta": rope.theta}
+    if rope.kind != "default":
+        out["factor"] = rope.factor
+    if rope.kind == "llama3":
+        out.update(
+            low_freq_factor=rope.low_freq_factor,
+            high_freq_factor=rope.high_freq_factor,
+            original_max_position_embeddings=rope.original_max_positions,
+        )
+    return out
+
+
 def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any]:
+    """The target's config with every field of the drafter's own shape written over it
+    (its RoPE and windows can differ from the target's: they are the drafter's)."""
     la, args = net.args.layers, net.args
+    sliding = [w for w in args.windows if w is not None]
+    base = {k: v for k, v in target_config.items() if k not in ("rope_scaling", "rope_theta")}
     return {
-        **target_config,
+        **base,
         "num_hidden_layers": la.num_layers,
         "hidden_size": la.hidden_size,
         "intermediate_size": la.intermediate_size,
         "num_attention_heads": la.num_heads,
         "num_key_value_heads": la.num_kv_heads,
         "head_dim": la.head_dim,
-        "layer_types": ["full_attention"] * la.num_layers,
+        "rms_norm_eps": la.rms_norm_eps,
+        "rope_parameters": _rope_config(la.rope),
+        "layer_types": [
+            "full_attention" if w is None else "sliding_attention" for w in args.windows
+        ],
+        "sliding_window": sliding[0] if sliding else None,
+        "use_sliding_window": False,
         "block_size": args.block_size,
         "num_target_layers": args.num_target_layers,
         "tie_word_embeddings": False,

@@ -24,7 +24,10 @@ from specgen.models.dflash import DFlashArgs, DFlashNet
 from specgen.models.dspark import DSparkArgs, DSparkNet
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import save_drafter
-from specgen.training.trainer import Prepared, Sequence, prepare, sequence_loss, trainable
+from specgen.training.evaluate import offline_acceptance
+from specgen.training.features import target_features
+from specgen.training.init import init_from_target, random_init
+from specgen.training.trainer import Prepared, Sequence, Vocab, sequence_loss, trainable
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class TrainConfig:
     clip: float = 1.0
     checkpoint_every: int = 200
     seed: int = 0
+    init_from_target: bool = True  # drafter layers start as the target's (training/init.py)
+    restrict_vocab: bool = True  # train through the head rows the data uses (trainer.Vocab)
+    eval_minutes: float = 3.0  # offline τ on the held-out answers this often
+    holdout: int = 24  # answers kept out of training for the offline τ
 
 
 def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: TrainConfig) -> dict:
@@ -74,9 +81,10 @@ def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: Train
     return out
 
 
-def new_drafter(target: Transformer, config: dict, kind: str, seed: int) -> DFlashNet | DSparkNet:
-    """Random weights (std 0.02, norms at 1, the Markov output and confidence at 0)."""
-    gen = torch.Generator().manual_seed(seed)
+def new_drafter(
+    target: Transformer, config: dict, kind: str, seed: int, from_target: bool = False
+) -> DFlashNet | DSparkNet:
+    """Starting weights (`training/init.py`): random, or the target's upper layers."""
     if kind == "dspark":
         net: DFlashNet | DSparkNet = DSparkNet(
             DSparkArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
@@ -85,14 +93,9 @@ def new_drafter(target: Transformer, config: dict, kind: str, seed: int) -> DFla
         net = DFlashNet(
             DFlashArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
         )
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            if p.dim() == 1:
-                p.fill_(0.0 if name.endswith("conf_b") else 1.0)
-            elif name.endswith(("markov_w2", "conf_w")):
-                p.zero_()  # start as the plain backbone, with an undecided confidence
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    random_init(net, seed)
+    if from_target:
+        init_from_target(net, target)
     return net
 
 
@@ -103,6 +106,15 @@ def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def split_holdout(data: list[Sequence], count: int) -> tuple[list[Sequence], list[Sequence]]:
+    """(train, held out): every k-th answer is held out, so every source is represented."""
+    if count <= 0 or len(data) < 4 * count:
+        return data, []
+    stride = len(data) // count
+    held = set(range(stride - 1, stride * count, stride))
+    return [s for i, s in enumerate(data) if i not in held], [data[i] for i in sorted(held)]
+
+
 def train(
     target: Transformer,
     target_config: dict[str, Any],
@@ -110,17 +122,24 @@ def train(
     cfg: TrainConfig,
     out: Path,
     *,
+    target_name: str = "target",
+    features_cache: Path | None = None,
     resume: bool = False,
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Train a drafter on `data` and write it to `out`; returns the run's summary.
+
+    `features_cache` keeps the target's hidden states across runs (default: `out/features`).
+    """
     if not cfg.minutes and not cfg.steps:
         raise ValueError("give a budget: minutes or steps")
     config = drafter_config(target_config, target.args.num_layers, cfg)
-    net = new_drafter(target, config, cfg.kind, cfg.seed)
+    net = new_drafter(target, config, cfg.kind, cfg.seed, cfg.init_from_target)
     params = trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    curve: list[list[float]] = []  # [minutes, step, offline τ, loss]
     state_path = out / "state.pt"
     if resume and state_path.is_file():
         state = torch.load(state_path, weights_only=True)
@@ -129,15 +148,36 @@ def train(
         step, spent = state["step"], state["seconds"]
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
+        curve = state.get("curve", [])
     out.mkdir(parents=True, exist_ok=True)
     backbone = net.backbone if isinstance(net, DSparkNet) else net
-    taps = backbone.args.target_layer_ids
-    prepared: list[Prepared] = []
-    for i, seq in enumerate(data):  # the frozen target runs once per sequence
-        prepared.append(prepare(target, seq, taps, last=cfg.kind == "dspark"))
-        if report and (i + 1) % 100 == 0:
-            report({"prepared": i + 1, "of": len(data)})
+    taps = tuple(backbone.args.target_layer_ids)
+    last = target.args.num_layers - 1
+    layers = tuple(sorted({*taps, last})) if cfg.kind == "dspark" else taps
+    hidden = target_features(
+        target, target_name, data, layers, features_cache or out / "features", report
+    )
+    prepared_all = [
+        Prepared.from_layers(seq, h, taps, last if cfg.kind == "dspark" else None)
+        for seq, h in zip(data, hidden, strict=True)
+    ]
+    train_seqs, held_seqs = split_holdout(data, cfg.holdout)
+    held_ids = {id(s) for s in held_seqs}
+    prepared = [p for p in prepared_all if id(p.seq) not in held_ids]
+    held = [p for p in prepared_all if id(p.seq) in held_ids]
+    vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
+
+    def evaluate(loss: float) -> None:
+        if not held:
+            return
+        result = offline_acceptance(target, net, held)
+        minutes = (time.perf_counter() - start) / 60
+        curve.append([round(minutes, 2), step, round(result.tau, 4), round(loss, 4)])
+        if report:
+            report({"eval": step, "tau": result.tau, "minutes": minutes})
+
     start = time.perf_counter() - spent
+    next_eval = (len(curve) and curve[-1][0] + cfg.eval_minutes) or 0.0
     history: list[float] = []
     while True:
         elapsed = time.perf_counter() - start
@@ -147,6 +187,9 @@ def train(
         )
         if progress >= 1.0:
             break
+        if elapsed / 60 >= next_eval and cfg.eval_minutes > 0:
+            evaluate(sum(history[-20:]) / max(len(history[-20:]), 1))
+            next_eval = elapsed / 60 + cfg.eval_minutes
         for group in opt.param_groups:
             group["lr"] = lr_at(step, progress, cfg)
         opt.zero_grad()
@@ -154,7 +197,7 @@ def train(
         for seq in rng.sample(prepared, min(cfg.sequences_per_step, len(prepared))):
             result = sequence_loss(
                 target, net, seq, anchors_per_sequence=cfg.anchors_per_sequence,
-                gamma=cfg.gamma, generator=gen,
+                gamma=cfg.gamma, generator=gen, vocab=vocab,
             )  # fmt: skip
             if result is None:
                 continue
@@ -169,22 +212,31 @@ def train(
         if report and step % 10 == 0:
             report({"step": step, "loss": sum(history[-10:]) / 10, "seconds": elapsed})
         if step % cfg.checkpoint_every == 0:
-            _save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen)
+            _save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
+    final_loss = sum(history[-20:]) / max(len(history[-20:]), 1)
+    evaluate(final_loss)
     seconds = time.perf_counter() - start
-    _save_state(state_path, net, opt, step, seconds, rng, gen)
+    _save_state(state_path, net, opt, step, seconds, rng, gen, curve)
     summary = {
         "config": asdict(cfg),
         "steps": step,
         "seconds": round(seconds, 1),
-        "sequences": len(data),
-        "final_loss": round(sum(history[-20:]) / max(len(history[-20:]), 1), 4),
+        "sequences": len(train_seqs),
+        "held_out": len(held),
+        "tokens": sum(len(s.ids) for s in train_seqs),
+        "vocab_rows": None if vocab is None else int(vocab.ids.shape[0]),
+        "final_loss": round(final_loss, 4),
+        "offline_tau": curve[-1][2] if curve else None,
+        "curve": [dict(zip(("minutes", "step", "tau", "loss"), row, strict=True)) for row in curve],
     }
-    save_drafter(out, net, config, extra={"specgen_training": summary})
+    save_drafter(out, net, config, extra={"specgen_training": {
+        k: v for k, v in summary.items() if k != "curve"
+    }})  # fmt: skip
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen) -> None:
+def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen, curve) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
@@ -194,6 +246,7 @@ def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen) -> No
             "seconds": seconds,
             "rng": rng.getstate(),
             "gen": gen.get_state(),
+            "curve": curve,
         },
         tmp,
     )

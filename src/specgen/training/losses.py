@@ -42,6 +42,7 @@ def markov_logits(
     base: torch.Tensor,  # [A, S, V] backbone logits of the draft slots
     hidden: torch.Tensor,  # [A, S, H]
     prev: torch.Tensor,  # [A, S] the true previous token of each slot (anchor first)
+    vocab: torch.Tensor | None = None,  # the token ids `base` covers (None: all)
 ) -> torch.Tensor:  # [A, S, V] fp32, Markov-corrected (teacher-forced)
     if not net.args.markov_rank:
         return base.float()
@@ -49,7 +50,7 @@ def markov_logits(
     state = None if net.args.markov_kind != "rnn" else hidden.new_zeros(a, net.args.markov_rank)
     out = []
     for k in range(s):  # the rnn head carries state; vanilla/gated just go slot by slot
-        bias, state = net.markov_step(prev[:, k], hidden[:, k], state)
+        bias, state = net.markov_step(prev[:, k], hidden[:, k], state, vocab)
         out.append(base[:, k].float() + bias)
     return torch.stack(out, dim=1)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
+from specgen.models.norm import rms_norm
 from specgen.models.transformer import Transformer
 from specgen.training.blocks import block_forward, make_blocks
 from specgen.training.losses import dflash_loss, dspark_loss, markov_logits
@@ -37,15 +39,52 @@ class Prepared:
     features: torch.Tensor  # [N, K*H]
     last_hidden: torch.Tensor | None  # [N, H] output of the target's last layer
 
+    @classmethod
+    def from_layers(
+        cls, seq: Sequence, layers: dict[int, torch.Tensor], taps: tuple[int, ...], last: int | None
+    ) -> Prepared:
+        """From per-layer outputs (`features.target_features`); `last` = the last layer id."""
+        features = torch.cat([layers[i] for i in taps], dim=-1)
+        return cls(seq, features, None if last is None else layers[last])
+
 
 @torch.inference_mode()
 def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: bool) -> Prepared:
     n = len(seq.ids)
-    layers = tuple(sorted({*taps, target.args.num_layers - 1})) if last else taps
+    final = target.args.num_layers - 1
+    layers = tuple(sorted({*taps, final})) if last else taps
     out = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
-    features = torch.cat([out.taps[i][0] for i in taps], dim=-1).to(torch.bfloat16)
-    final = out.taps[target.args.num_layers - 1][0].to(torch.bfloat16) if last else None
-    return Prepared(seq, features, final)
+    hidden = {i: out.taps[i][0].to(torch.bfloat16) for i in layers}
+    return Prepared.from_layers(seq, hidden, taps, final if last else None)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """A training-time LM head restricted to the tokens the data uses.
+
+    The frozen 49k-row head is most of a training step's cost for a small target, and a
+    drafter trained on the target's own answers never needs the rows of tokens that never
+    occur in them. Logits (drafter's and target's) are taken over `ids` only; the written
+    checkpoint is untouched (drafters carry no head), and inference uses the full head.
+    """
+
+    ids: torch.Tensor  # [V'] sorted token ids
+    index: torch.Tensor  # [V] position of each token in `ids`, -1 when absent
+    head: torch.Tensor  # [V', H] the target's head rows
+
+    @classmethod
+    def of(cls, target: Transformer, sequences: list[Sequence]) -> Vocab:
+        used = sorted({t for seq in sequences for t in seq.ids})
+        ids = torch.tensor(used, device=target.device)
+        index = torch.full((target.args.vocab_size,), -1, device=target.device)
+        index[ids] = torch.arange(len(used), device=target.device)
+        return cls(ids, index, target.lm_head[ids].detach().clone())
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self.head)
+
+    def targets(self, tokens: torch.Tensor) -> torch.Tensor:  # -1 stays -1 (no target)
+        return torch.where(tokens >= 0, self.index[tokens.clamp(min=0)], -1)
 
 
 def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
@@ -63,6 +102,7 @@ def sequence_loss(
     anchors_per_sequence: int,
     gamma: float,
     generator: torch.Generator,
+    vocab: Vocab | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]] | None:
     """The loss of one sequence's random anchors (None when it has no anchor)."""
     backbone = net.backbone if isinstance(net, DSparkNet) else net
@@ -88,19 +128,22 @@ def sequence_loss(
     )
     embeds = target.embed_tokens(blocks.inputs)
     hidden = block_forward(backbone, features, embeds, anchors)[:, blocks.first_slot :]
-    logits = target.head(hidden)  # [A, S, V]
+    head = target.head if vocab is None else vocab.logits
+    targets = blocks.targets if vocab is None else vocab.targets(blocks.targets)
+    logits = head(hidden)  # [A, S, V]
     if not dspark:
-        loss = dflash_loss(logits, blocks.targets, gamma)
+        loss = dflash_loss(logits, targets, gamma)
         return loss, {"ce": loss.item()}
     prev = torch.cat([blocks.inputs[:, :1], blocks.targets[:, :-1].clamp(min=0)], dim=1)
-    draft = markov_logits(net, logits, hidden, prev)
+    draft = markov_logits(net, logits, hidden, prev, None if vocab is None else vocab.ids)
     # the target's distribution for the token at position p is its output at p - 1
     positions = (anchors[:, None] + torch.arange(draft.shape[1], device=device)).clamp(max=n - 1)
     assert item.last_hidden is not None
     with torch.no_grad():
-        target_logits = target.logits(item.last_hidden[positions].to(target.dtype))
+        last = item.last_hidden[positions].to(target.dtype)
+        target_logits = head(rms_norm(last, target.norm, target.args.rms_norm_eps))
     conf = None
     if net.args.confidence:
         a, s, h = hidden.shape
         conf = net.confidence_logit(hidden.reshape(a * s, h), prev.reshape(-1)).view(a, s)
-    return dspark_loss(draft, target_logits, blocks.targets, conf, gamma)
+    return dspark_loss(draft, target_logits, targets, conf, gamma)

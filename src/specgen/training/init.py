@@ -1,0 +1,50 @@
+"""Starting weights for a new drafter: random, or copied from the target's own layers.
+
+Random: std 0.02 matrices, norms at 1, and the parts that must start neutral at 0 (the
+Markov head's output, so the drafter starts as its plain backbone; the confidence head,
+so it starts undecided).
+
+From the target (`init_from_target`): the drafter's layers are the target layers that
+follow its top tap, so at step 0 the drafter already computes what the target computes
+from there: `fc` passes the top tap's features through unchanged (small noise on the other
+taps, which then learn), `hidden_norm` takes that next layer's input norm (context keys
+see what the target layer would), and the final norm is the target's. The block's inputs
+are token embeddings rather than layer outputs, so this is a warm start, not an equivalence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.models.dflash import DFlashNet
+from specgen.models.dspark import DSparkNet
+from specgen.models.transformer import Transformer
+
+
+def random_init(net: DFlashNet | DSparkNet, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if p.dim() == 1:
+                p.fill_(0.0 if name.endswith("conf_b") else 1.0)
+            elif name.endswith(("markov_w2", "conf_w")):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def init_from_target(net: DFlashNet | DSparkNet, target: Transformer) -> None:
+    backbone = net.backbone if isinstance(net, DSparkNet) else net
+    taps = backbone.args.target_layer_ids
+    top = max(taps)
+    last = target.args.num_layers - 1
+    sources = [min(top + 1 + i, last) for i in range(len(backbone.layers))]
+    h = backbone.args.layers.hidden_size
+    with torch.no_grad():
+        for layer, source in zip(backbone.layers, sources, strict=True):
+            layer.load_state_dict(target.layers[source].state_dict())
+        backbone.hidden_norm.copy_(target.layers[sources[0]].attn_norm)
+        backbone.norm.copy_(target.norm)
+        backbone.fc.mul_(0.1)  # keep the other taps' noise small next to the identity
+        column = taps.index(top) * h
+        backbone.fc[:, column : column + h] = torch.eye(h, dtype=backbone.fc.dtype)

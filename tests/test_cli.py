@@ -367,3 +367,22 @@ def test_train_writes_a_drafter_generate_can_use(tiny_qwen3_deep, tmp_path):
               "--json")  # fmt: skip
     assert gen.exit_code == 0, gen.stderr
     assert json.loads(gen.stdout)["stats"]["verify_policy"] == "cost"
+
+
+def test_train_answers_prompts_then_trains_and_resumes_the_answers(tiny_qwen3_deep, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in ("hello there", "a b c")))
+    out = tmp_path / "d"
+    common = ("--model", str(tiny_qwen3_deep), "--prompts", str(prompts), "--out", str(out),
+              "--max-new-tokens", "12", "--device", "cpu")  # fmt: skip
+    only = run("train", *common)  # no budget: answers only
+    assert only.exit_code == 0, only.stderr
+    answers = (out / "answers.jsonl").read_text().splitlines()
+    assert len(answers) == 2 and not (out / "config.json").exists()
+    result = run("train", *common, "--kind", "dspark", "--steps", "2", "--target-layers", "1,3",
+                 "--block-size", "4", "--mask-token-id", "319", "--markov-rank", "8")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert (out / "answers.jsonl").read_text().splitlines() == answers  # not answered twice
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3DSparkModel"]
+    assert_one_line_error(run("train", "--out", str(out), "--steps", "1"), 2, "give --prompts")

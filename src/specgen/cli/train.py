@@ -13,13 +13,26 @@ from specgen.cli.options import DEFAULT_MODEL, DebugOpt, DeviceOpt, ModelOpt
 
 
 def train(
-    kind: Annotated[str, typer.Option("--kind", help="dflash or dspark.")],
-    data: Annotated[
-        Path,
-        typer.Option("--data", help="The target's answers (scripts/seed_training_responses.py)."),
-    ],
     out: Annotated[Path, typer.Option("--out", help="Directory for the drafter and state.")],
+    kind: Annotated[str, typer.Option("--kind", help="dflash or dspark.")] = "dflash",
+    prompts: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--prompts",
+            help="Prompt files (.jsonl with turns/prompt, or .txt); the target answers them "
+            "into OUT/answers.jsonl (resumable) before training.",
+        ),
+    ] = None,
+    data: Annotated[
+        list[Path] | None,
+        typer.Option("--data", help="Answers already generated (JSONL with prompt/response ids)."),
+    ] = None,
     model: ModelOpt = DEFAULT_MODEL,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="Cut each prompt to this many tokens.")
+    ] = 128,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 160,
+    batch: Annotated[int, typer.Option("--batch", help="Prompts answered at once.")] = 32,
     block_size: Annotated[int, typer.Option("--block-size")] = 8,
     draft_layers: Annotated[int, typer.Option("--draft-layers")] = 1,
     target_layers: Annotated[
@@ -43,7 +56,9 @@ def train(
     device: DeviceOpt = "auto",
     debug: DebugOpt = False,
 ) -> None:
-    """Train a drafter (time- or step-bounded, resumable) and write it in its public format."""
+    """Train a drafter (time- or step-bounded, resumable) and write it in its public format.
+
+    With --prompts and no budget, only the answers are generated."""
     with user_errors(debug):
         quiet_libraries()
         import torch
@@ -60,16 +75,25 @@ def train(
             raise SpecgenError(f"--kind must be dflash or dspark (got {kind!r})")
         if init not in ("target", "random"):
             raise SpecgenError(f"--init must be target or random (got {init!r})")
-        if not minutes and not steps:
+        if not prompts and not data:
+            raise SpecgenError("give --prompts FILE (the target answers them) or --data FILE")
+        if not prompts and not minutes and not steps:
             raise SpecgenError("give a budget: --minutes N or --steps N")
-        if not data.is_file():
-            raise SpecgenError(f"{data}: no such data file")
+        for path in data or []:
+            if not path.is_file():
+                raise SpecgenError(f"{path}: no such data file")
         layers = tuple(int(x) for x in target_layers.split(",")) if target_layers else ()
         resolved = resolve_model(model, notify=display.status)
-        target = load_target(
-            resolved.path, dtype=torch.float32, device=resolve_device(device), name=resolved.name
-        )
-        sequences = load_sequences(data)
+        dev = resolve_device(device)
+        files = list(data or [])
+        if prompts:
+            files.append(_answer(resolved, dev, prompts, out, prompt_tokens, max_new_tokens, batch))
+            if not minutes and not steps:
+                return
+        target = load_target(resolved.path, dtype=torch.float32, device=dev, name=resolved.name)
+        sequences = [seq for path in files for seq in load_sequences(path)]
+        if not sequences:
+            raise SpecgenError("no answers to train on")
         display.status(f"{len(sequences)} sequences, {sum(len(s.ids) for s in sequences)} tokens")
         cfg = TrainConfig(
             kind=kind,
@@ -109,3 +133,33 @@ def train(
             f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']}"
             + (f", held-out τ {tau:.3f})" if tau is not None else ")")
         )
+
+
+def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens: int,
+            max_new_tokens: int, batch: int) -> Path:  # fmt: skip
+    """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
+    import torch
+
+    from specgen.cli.prompts import read_prompt_file
+    from specgen.models.loading import load_target
+    from specgen.text import TextCodec
+    from specgen.training.generate import answer_prompts, generation_dtype
+
+    texts = [text for path in prompts for text in read_prompt_file(str(path))]
+    dtype = generation_dtype(torch.device(device))
+    model = load_target(resolved.path, dtype=dtype, device=device, name=resolved.name)
+    codec = TextCodec(resolved.path, resolved.name, model.args.eos_token_ids)
+
+    def encode(text: str) -> list[int]:
+        cut = codec.decode(codec.encode_raw(text)[:prompt_tokens])
+        return codec.encode_chat([{"role": "user", "content": cut}])
+
+    path = out / "answers.jsonl"
+    rows = answer_prompts(model, encode, texts, path, stop_ids=codec.stop_ids, batch=batch,
+                         max_new_tokens=max_new_tokens)  # fmt: skip
+    batches = -(-len(texts) // batch)
+    with display.progress(batches, f"answering {len(texts)} prompts ({dtype})") as advance:
+        for row in rows:
+            advance(f"{row['answered']}/{row['of']}, {row['tokens']} tokens")
+    display.status(f"answers in {path}")
+    return path

@@ -69,6 +69,11 @@ class StaticKVCache:
         self.length = length
         self._written = length
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (batched generation drops finished answers)."""
+        self.k = self.k[:, rows].contiguous()
+        self.v = self.v[:, rows].contiguous()
+
     def reset(self) -> None:
         self.rollback(0)
 

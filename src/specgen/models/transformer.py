@@ -171,6 +171,7 @@ class Transformer(nn.Module):
         *,
         taps: tuple[int, ...] = (),
         num_logits: int | None = None,
+        pad: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """Run T new tokens at positions [cache.length, cache.length + T) and commit them.
 
@@ -179,6 +180,9 @@ class Transformer(nn.Module):
             cache: the KV cache; its length is the position of the first new token.
             taps: layer ids whose output hidden states to return (HF `hidden_states[id+1]`).
             num_logits: compute logits only for the last n positions (1 for a prefill).
+            pad: [B] left-padding length of each row of a batch (batched generation):
+                no token attends to a row's padding. RoPE is relative, so a row shifted
+                right by its padding scores the same as the row alone.
         """
         start, t = cache.length, tokens.shape[1]
         cos, sin = self._cos[start : start + t], self._sin[start : start + t]
@@ -193,6 +197,8 @@ class Transformer(nn.Module):
             causal = True
         elif t > 1:
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        if pad is not None:
+            mask, causal = _padding_mask(pad, start, t, mask), False
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -203,3 +209,18 @@ class Transformer(nn.Module):
         if num_logits is not None:
             x = x[:, -num_logits:]
         return ForwardOutput(logits=self.logits(x), taps=tapped)
+
+
+def _padding_mask(
+    pad: torch.Tensor, start: int, t: int, mask: torch.Tensor | None
+) -> torch.Tensor:  # [B, 1, T, start + T]
+    keys = torch.arange(start + t, device=pad.device)
+    queries = torch.arange(start, start + t, device=pad.device)
+    allowed = keys[None, None, :] <= queries[None, :, None]  # causal
+    if mask is not None:
+        allowed = allowed & mask
+    # padding keys are hidden; a padding query still sees itself, so its (unused) state
+    # stays finite instead of becoming NaN and leaking through 0 * NaN in attention
+    real = keys[None, None, :] >= pad[:, None, None]
+    itself = keys[None, None, :] == queries[None, :, None]
+    return (allowed & (real | itself))[:, None]

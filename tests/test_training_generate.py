@@ -1,0 +1,63 @@
+"""Batched generation of training answers equals one-at-a-time greedy decoding."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specgen.config import SamplingParams
+from specgen.engine.ar import generate_ar
+from specgen.models.loading import load_target
+from specgen.training.generate import answer_prompts, batch_order, greedy_batch
+
+
+def _alone(model, prompt: list[int], n: int, stop: frozenset[int]) -> list[int]:
+    cache = model.new_cache(len(prompt) + n)
+    out = []
+    for event in generate_ar(model, cache, prompt, params=SamplingParams(), max_new_tokens=n,
+                             stop_ids=frozenset()):  # fmt: skip
+        out.extend(event.tokens)
+    for i, token in enumerate(out):
+        if token in stop:
+            return out[: i + 1]
+    return out
+
+
+def test_left_padded_batch_equals_each_prompt_alone(tiny_qwen3_deep):
+    model = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    prompts = [[5, 17, 99, 3], [250, 8], [7, 7, 7, 7, 7, 7, 7, 31], [12]]
+    alone = [_alone(model, p, 12, frozenset()) for p in prompts]
+    assert greedy_batch(model, prompts, 12, frozenset()) == alone
+    # a stop token ends that row only (it leaves the batch), the others go on
+    stop = frozenset({alone[1][3]})
+    want = [_alone(model, p, 12, stop) for p in prompts]
+    assert any(len(w) < 12 for w in want) and any(len(w) == 12 for w in want)
+    assert greedy_batch(model, prompts, 12, stop) == want
+
+
+def test_answers_are_appended_and_a_rerun_resumes(tiny_qwen3_deep, tmp_path):
+    model = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+
+    def encode(text: str) -> list[int]:
+        return [ord(c) % 300 for c in text]
+
+    out = tmp_path / "answers.jsonl"
+    first = list(answer_prompts(model, encode, ["ab", "cde"], out, stop_ids=frozenset(),
+                                batch=1, max_new_tokens=5))  # fmt: skip
+    assert [r["answered"] for r in first] == [1, 2]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {tuple(r["prompt_ids"]) for r in rows} == {(97, 98), (99, 100, 101)}
+    assert all(len(r["response_ids"]) == 5 and r["dtype"] == "float32" for r in rows)
+    again = list(answer_prompts(model, encode, ["ab", "cde", "fg"], out, stop_ids=frozenset(),
+                                batch=4, max_new_tokens=5))  # fmt: skip
+    assert again == [{"answered": 1, "of": 1, "tokens": 5}]  # only the new prompt
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_batches_group_similar_lengths_and_keep_every_prompt():
+    texts = [f"p{i}" + "x" * (i % 7) for i in range(300)]
+    order = batch_order(texts, lambda t: list(range(len(t))))
+    assert sorted(t for t, _ in order) == sorted(texts)
+    first = [len(ids) for _, ids in order[:256]]
+    assert first == sorted(first)

@@ -195,18 +195,21 @@ def test_sampled_bench_skips_the_identity_check(pipes):
 
 
 def test_cli_bench_ends_with_one_json_line(tiny_llama):
-    args = ["bench", "--model", str(tiny_llama), "--methods", "ngram", "--num-prompts", "2",
+    args = ["bench", "--model", str(tiny_llama), "--methods", "ngram,hf", "--num-prompts", "2",
             "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32", "--json"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     last = json.loads(result.stdout.strip().splitlines()[-1])
-    assert last["methods"] == ["ar", "ngram"] and last["tau_includes_bonus"] is True
+    assert last["methods"] == ["ar", "ngram", "hf"] and last["tau_includes_bonus"] is True
     assert set(last) >= {"model", "device", "dtype", "suite", "results", "lossless", "memory_bytes"}
     row = last["results"]["ngram"]["all"]
     for key in ("tokens_per_second", "speedup", "tau", "acceptance_per_position",
                 "acceptance_histogram", "mean_verify_length", "ttft_seconds"):  # fmt: skip
         assert key in row
     assert last["lossless"]["ngram"]["match_rate"] == 1.0
+    # transformers' own generate on the same checkpoint: the same greedy tokens in fp32
+    assert last["lossless"]["hf"]["match_rate"] == 1.0
+    assert last["results"]["hf"]["all"]["tau"] == 1.0
     assert "speedup" in result.stdout  # the table came first
 
 

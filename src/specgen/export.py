@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.errors import SpecgenError
+from specgen.hub import PACKAGED, packaged_drafter
 from specgen.registry import MODELS
 
 ENGINES = ("vllm", "sglang")
@@ -40,6 +41,8 @@ def resolve_target(model: str, method: str, drafter: str | None, block: int | No
     drafter = drafter or (entry.drafters.get(method) if entry else None)
     if drafter is None:
         raise SpecgenError(f"no {method} drafter is known for {model}; pass --drafter PATH|REPO")
+    if drafter.startswith(PACKAGED):  # a serving engine needs the directory
+        drafter = str(packaged_drafter(drafter))
     return ServeTarget(target, method, drafter, block or _block_of(drafter, method))
 
 

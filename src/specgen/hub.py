@@ -190,8 +190,27 @@ def _hub_errors(repo: str, how: str, offline: bool) -> Iterator[None]:
         raise ModelNotFoundError(f"{repo}: download failed ({e})") from None
 
 
+PACKAGED = "specgen:"  # registry drafters that ship inside the package (src/specgen/drafters)
+
+
+def packaged_drafter(spec: str) -> Path:
+    """The directory of a drafter shipped with specgen (`specgen:NAME`)."""
+    from importlib.resources import files
+
+    path = Path(str(files("specgen") / "drafters" / spec.removeprefix(PACKAGED)))
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise ModelNotFoundError(
+            f"{spec}: this drafter should ship with specgen but is missing from {path} "
+            "(reinstall specgen)"
+        )
+    return path
+
+
 def resolve_drafter(spec: str) -> Path:
-    """A drafter checkpoint: a local directory with config.json, or a Hub repo id."""
+    """A drafter checkpoint: shipped (`specgen:NAME`), a local directory with config.json,
+    or a Hub repo id."""
+    if spec.startswith(PACKAGED):
+        return packaged_drafter(spec)
     path = Path(spec).expanduser()
     if path.exists():
         if (path / "config.json").is_file():

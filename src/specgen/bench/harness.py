@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specgen.bench.suites import BenchPrompt
+from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
@@ -55,7 +56,7 @@ class BenchRun:
 
 
 def run_bench(
-    pipes: dict[str, Pipeline],
+    pipes: dict[str, Pipeline | TransformersBaseline],
     prompts: list[BenchPrompt],
     *,
     max_new_tokens: int,
@@ -63,16 +64,23 @@ def run_bench(
     repeats: int = 1,
     progress: Progress | None = None,
 ) -> BenchRun:
-    """Run every pipeline on every prompt. `pipes` must contain "ar"."""
-    if "ar" not in pipes:
+    """Run every pipeline on every prompt. `pipes` must contain "ar" (a Pipeline); "hf" may
+    be transformers' own generate on the same checkpoint."""
+    if not isinstance(pipes.get("ar"), Pipeline):
         raise ValueError("the benchmark needs the AR baseline")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     result = BenchRun()
     names = list(pipes)
+    ar = pipes["ar"]
+    assert isinstance(ar, Pipeline)
     for name in names:  # warm-up: first-call allocations, kernel selection, caches
-        pipes[name].generate("Hello", max_new_tokens=8, session=pipes[name].new_session())
-    ids = [pipes["ar"].encode(p.text) for p in prompts]
+        pipe = pipes[name]
+        if isinstance(pipe, TransformersBaseline):
+            pipe.run(ar.encode("Hello"), 8, sampling)
+        else:
+            pipe.generate("Hello", max_new_tokens=8, session=pipe.new_session())
+    ids = [ar.encode(p.text) for p in prompts]
     for i, prompt in enumerate(prompts):
         order = names if i % 2 == 0 else names[::-1]
         answers: dict[str, list[int]] = {}
@@ -84,12 +92,12 @@ def run_bench(
             if progress:
                 progress(f"{name} · {prompt.category} {i + 1}/{len(prompts)}")
         if sampling.greedy:
-            _compare(result, pipes["ar"], prompt, i, ids[i], answers)
+            _compare(result, ar, prompt, i, ids[i], answers)
     return result
 
 
 def _run_one(
-    pipe: Pipeline,
+    pipe: Pipeline | TransformersBaseline,
     name: str,
     prompt: BenchPrompt,
     index: int,
@@ -104,12 +112,15 @@ def _run_one(
             torch.cuda.reset_peak_memory_stats(pipe.model.device)
         tokens: list[int] = []
         stats = GenStats()
-        chunks = pipe.stream_ids(
-            ids, sampling=sampling, max_new_tokens=max_new_tokens, session=pipe.new_session()
-        )
-        for chunk in chunks:
-            tokens.extend(chunk.token_ids)
-            stats = chunk.stats
+        if isinstance(pipe, TransformersBaseline):
+            tokens, stats = pipe.run(ids, max_new_tokens, sampling)
+        else:
+            chunks = pipe.stream_ids(
+                ids, sampling=sampling, max_new_tokens=max_new_tokens, session=pipe.new_session()
+            )
+            for chunk in chunks:
+                tokens.extend(chunk.token_ids)
+                stats = chunk.stats
         times.append(stats.seconds)
         ttfts.append(stats.ttft_seconds or 0.0)
         if first is None:
@@ -158,11 +169,13 @@ def _margin(ar: Pipeline, context: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def _memory(pipe: Pipeline) -> int:
+def _memory(pipe: Pipeline | TransformersBaseline) -> int:
     """Peak device memory on CUDA; on the CPU the bytes this method keeps resident (target
     weights, its KV cache, drafter weights and context cache)."""
     if pipe.model.device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(pipe.model.device))
+    if isinstance(pipe, TransformersBaseline):
+        return pipe.memory_bytes()
     tensors = list(pipe.model.parameters())
     cache = pipe.session.cache
     tensors += [cache.k, cache.v]

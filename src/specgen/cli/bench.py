@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -42,7 +43,7 @@ def bench(
         typer.Option(
             "--methods",
             help="Comma-separated methods (default: ar, ngram and every method with a "
-            "drafter for the model).",
+            "drafter for the model); hf = transformers' generate, same checkpoint and dtype.",
         ),
     ] = None,
     suite: Annotated[
@@ -172,9 +173,10 @@ def _pipelines(model, methods, drafters, policy, engine, device, dtype, context,
         ]
     else:
         names = [m.strip() for m in methods.split(",") if m.strip()]
-        unknown = [m for m in names if m not in METHODS]
+        unknown = [m for m in names if m not in (*METHODS, "hf")]
         if unknown:
-            raise SpecgenError(f"unknown method {unknown[0]!r}; available: {', '.join(METHODS)}")
+            available = ", ".join((*METHODS, "hf"))
+            raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
     notify = None if quiet else display.status
     base = Pipeline.load(
@@ -187,6 +189,13 @@ def _pipelines(model, methods, drafters, policy, engine, device, dtype, context,
     )
     pipes = {"ar": base}
     for name in names[1:]:
+        if name == "hf":  # transformers' generate on the same checkpoint and dtype
+            from specgen.bench.transformers_baseline import TransformersBaseline
+
+            pipes[name] = TransformersBaseline(
+                Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
+            )
+            continue
         spec = SpecConfig(
             method=name, drafter=by_method.get(name), verify_policy=policy, engine=engine
         )

@@ -53,7 +53,7 @@ def pull(
     """Download a model (and its drafters) into the Hugging Face cache, with progress."""
     with user_errors(debug):
         quiet_libraries()
-        from specgen.hub import download
+        from specgen.hub import PACKAGED, download
 
         entry = MODELS.get(alias.lower())
         if entry is None:
@@ -61,6 +61,9 @@ def pull(
             raise ModelNotFoundError(f"unknown model {alias!r}; known aliases: {known}")
         repos = [entry.repo] + (list(entry.drafters.values()) if drafters else [])
         for repo in repos:
+            if repo.startswith(PACKAGED):
+                display.status(f"{repo} ships with specgen")
+                continue
             display.status(f"fetching {repo}")
             path = download(repo, alias=entry.alias)
             display.status(f"{repo} -> {path}")

@@ -84,6 +84,22 @@ def greedy_batch(
     return answers
 
 
+def read_answers(path: Path) -> list[dict]:
+    """The rows of an answers file; a torn last line (a run killed mid-write) is dropped
+    (and rewritten, so appending goes on from a clean line)."""
+    text = path.read_text(encoding="utf-8")
+    lines = [line for line in text.split("\n") if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return rows
+
+
 def answer_prompts(
     model: Transformer,
     encode: Callable[[str], list[int]],
@@ -95,11 +111,7 @@ def answer_prompts(
     max_new_tokens: int = 160,
 ) -> Iterator[dict]:
     """Append the target's answers to `out` batch by batch; yields progress rows."""
-    done = set()
-    if out.is_file():
-        for line in out.read_text(encoding="utf-8").split("\n"):
-            if line.strip():
-                done.add(json.loads(line).get("key"))
+    done = {row.get("key") for row in read_answers(out)} if out.is_file() else set()
     todo = [text for text in dict.fromkeys(prompts) if prompt_key(text) not in done]
     order = batch_order(todo, encode)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,15 +120,17 @@ def answer_prompts(
     for first in range(0, len(order), batch):
         group = order[first : first + batch]
         answers = greedy_batch(model, [ids for _, ids in group], max_new_tokens, stop_ids)
+        lines = []
+        for (text, ids), answer in zip(group, answers, strict=True):
+            made += len(answer)
+            row = {
+                "key": prompt_key(text),
+                "prompt_ids": ids,
+                "response_ids": answer,
+                "dtype": dtype,
+                "greedy": True,
+            }
+            lines.append(json.dumps(row) + "\n")
         with out.open("a", encoding="utf-8") as f:
-            for (text, ids), answer in zip(group, answers, strict=True):
-                made += len(answer)
-                row = {
-                    "key": prompt_key(text),
-                    "prompt_ids": ids,
-                    "response_ids": answer,
-                    "dtype": dtype,
-                    "greedy": True,
-                }
-                f.write(json.dumps(row) + "\n")
+            f.write("".join(lines))  # one write per batch
         yield {"answered": first + len(group), "of": len(order), "tokens": made}

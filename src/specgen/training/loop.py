@@ -52,6 +52,7 @@ class TrainConfig:
     restrict_vocab: bool = True  # train through the head rows the data uses (trainer.Vocab)
     eval_minutes: float = 3.0  # offline τ on the held-out answers this often
     holdout: int = 24  # answers kept out of training for the offline τ
+    train_sequences: int | None = None  # train on the first N answers only (data studies)
 
 
 def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: TrainConfig) -> dict:
@@ -162,8 +163,9 @@ def train(
         for seq, h in zip(data, hidden, strict=True)
     ]
     train_seqs, held_seqs = split_holdout(data, cfg.holdout)
-    held_ids = {id(s) for s in held_seqs}
-    prepared = [p for p in prepared_all if id(p.seq) not in held_ids]
+    train_seqs = train_seqs[: cfg.train_sequences]
+    train_ids, held_ids = {id(s) for s in train_seqs}, {id(s) for s in held_seqs}
+    prepared = [p for p in prepared_all if id(p.seq) in train_ids]
     held = [p for p in prepared_all if id(p.seq) in held_ids]
     vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
 
@@ -254,12 +256,12 @@ def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen, curve
 
 
 def load_sequences(path: Path) -> list[Sequence]:
-    """Training sequences from a responses file (scripts/seed_training_responses.py)."""
+    """Training sequences from an answers file (`specgen train --prompts`)."""
+    from specgen.training.generate import read_answers
+
     out = []
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        if line.strip():
-            row = json.loads(line)
-            prompt, response = row["prompt_ids"], row["response_ids"]
-            if response:
-                out.append(Sequence(prompt + response, len(prompt)))
+    for row in read_answers(path):
+        prompt, response = row["prompt_ids"], row["response_ids"]
+        if response:
+            out.append(Sequence(prompt + response, len(prompt)))
     return out

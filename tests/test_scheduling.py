@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from specgen.drafting.base import Draft
 from specgen.scheduling.acceptance import PRIOR_RATE, AcceptanceTracker
 from specgen.scheduling.verify_length import choose_verify_length, survival
 
@@ -95,3 +97,67 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
     assert first.max_drafts == 3 and all(s > 0 for row in first.seconds for s in row)
     monkeypatch.setattr(cost, "measure_costs", lambda *a, **k: pytest.fail("measured twice"))
     assert cost.cached_costs(model, "tiny", 2) == first
+
+
+def test_drafting_is_skipped_only_when_no_verify_length_pays():
+    from specgen.scheduling.verify_length import worth_drafting
+
+    steps = [1.0, 1.2, 1.5, 2.4]
+    assert worth_drafting([0.9, 0.9, 0.9], step_seconds=steps, draft_seconds=0.5)
+    assert not worth_drafting([0.3, 0.3, 0.3], step_seconds=steps, draft_seconds=0.5)
+    # the same acceptance pays with a free drafter: 1.3 tokens for 1.2x the time
+    assert worth_drafting([0.3, 0.3, 0.3], step_seconds=steps, draft_seconds=0.0)
+
+
+def test_a_skipping_scheduler_probes_with_a_growing_interval():
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
+
+    cheap = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
+    assert VerifyScheduler(VerifyPolicy.parse("cost"), cheap).should_draft(0, 100)  # the prior
+    # this CPU's costs: drafting pays only above the prior's acceptance, so only probes draft
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    assert scheduler.should_draft(None, 100)  # no steady bucket: never skipped
+    draft = Draft(tokens=torch.zeros(1, 3, dtype=torch.long))
+
+    def skips_before_a_probe() -> int:
+        count = 0
+        while not scheduler.should_draft(0, 100):
+            scheduler.skipped()
+            count += 1
+        return count
+
+    assert skips_before_a_probe() == PROBE_AFTER[0]
+    probe = scheduler.trim(Draft(tokens=torch.zeros(1, 7, dtype=torch.long)), 100)
+    assert probe.length == PROBE_LENGTH  # verified whatever the estimates say
+    scheduler.record(probe, accepted=0)  # a failed probe: the next one comes later
+    assert skips_before_a_probe() == 2 * PROBE_AFTER[0]
+    scheduler.record(scheduler.trim(draft, 100), accepted=0)
+    for _ in range(6):
+        gap = skips_before_a_probe()
+        scheduler.record(scheduler.trim(draft, 100), accepted=0)
+    assert gap == PROBE_AFTER[1]  # capped
+    full = VerifyScheduler(VerifyPolicy.parse("full"))
+    assert full.should_draft(0, 100)  # only the cost policy skips
+
+
+@pytest.mark.slow
+def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
+    from specgen.config import SpecConfig
+    from specgen.pipeline import Pipeline
+    from specgen.scheduling.cost import CostTable
+
+    base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    want = base.generate("The quick brown fox", raw=True, max_new_tokens=40).token_ids
+    full = base.with_spec(SpecConfig(drafter=str(tiny_dflash), verify_policy="full"))
+    # a random drafter is rarely right, and here drafting costs as much as a verify step
+    costs = CostTable(contexts=(1,), seconds=((1.0,) + (1.1,) * 7,), draft_seconds=1.0)
+    spec = SpecConfig(drafter=str(tiny_dflash), verify_policy="cost", trace=True)
+    pipe = Pipeline(base.model, base.codec, base.name, base.context, spec, costs, full.method)
+    got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
+    assert got.token_ids == want
+    trace = got.stats.trace[1:]
+    assert trace[0]["draft"]  # the prior drafts first
+    assert sum(1 for r in trace if not r["draft"]) > len(trace) // 2  # then mostly skips

@@ -66,6 +66,10 @@ class Drafter(Protocol):
     taps: tuple[int, ...]  # target layers whose hidden states `observe` needs
     max_draft_tokens: int  # the longest draft `propose` returns
 
+    # Optional: `steady_bucket: int`, for a drafter whose drafts always fall in one bucket
+    # and carry no confidence. The scheduler can then judge before drafting whether a
+    # draft is expected to pay for its own cost, and skip it when not (engine/loop.py).
+
     def rollback(self, length: int) -> None:
         """Forget the context from position `length` on (mirrors the target cache)."""
 

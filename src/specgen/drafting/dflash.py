@@ -72,6 +72,8 @@ class DFlashMethod:
 
 
 class DFlashDrafter:
+    steady_bucket = 0  # one kind of draft, no confidences: skippable by the scheduler
+
     def __init__(self, method: DFlashMethod, capacity: int) -> None:
         self.net, self.target = method.net, method.target
         self.block_size = method.block_size

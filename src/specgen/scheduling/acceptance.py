@@ -32,11 +32,15 @@ class AcceptanceTracker:
             out.append((wins[j] + PRIOR_RATE * PRIOR_WEIGHT) / (trials[j] + PRIOR_WEIGHT))
         return out
 
-    def record(self, bucket: int, verified: int, accepted: int) -> None:
-        """A finished step verified `verified` drafts of `bucket`; `accepted` were accepted."""
+    def decay(self) -> None:
+        """One step passes: every count fades a little."""
         for counts in (*self.trials.values(), *self.successes.values()):
             for i in range(len(counts)):
                 counts[i] *= DECAY
+
+    def record(self, bucket: int, verified: int, accepted: int) -> None:
+        """A finished step verified `verified` drafts of `bucket`; `accepted` were accepted."""
+        self.decay()
         trials = self.trials.setdefault(bucket, [0.0] * self.max_positions)
         wins = self.successes.setdefault(bucket, [0.0] * self.max_positions)
         # position i was a trial if every draft before it was accepted

@@ -74,6 +74,21 @@ def choose_verify_length(
     return best
 
 
+def worth_drafting(
+    conditional: Sequence[float], *, step_seconds: Sequence[float], draft_seconds: float
+) -> bool:
+    """Whether drafting at all beats a plain decoding step (1 token per step_seconds[0]):
+    some verify length l >= 1 must give (1 + a_1 + .. + a_l) / (t_draft + t_verify(1 + l))
+    above 1 / t_verify(1). Decided before drafting, from estimates of earlier steps."""
+    plain = 1.0 / step_seconds[0]
+    expected = 1.0
+    for n, a in enumerate(survival(conditional), start=1):
+        expected += a
+        if expected / (draft_seconds + step_seconds[n]) > plain:
+            return True
+    return False
+
+
 def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDecision:
     """Verify d_1..d_l where l is the last slot before the first c_j < threshold."""
     expected, length = 1.0, 0

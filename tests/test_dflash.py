@@ -194,3 +194,36 @@ def test_sampling_through_dflash_has_the_target_distribution(pipes, target):
     tv = 0.5 * (counts / n - exact).abs().sum().item()
     far = 0.5 * (torch.distributions.Dirichlet(torch.ones(TINY_VOCAB)).sample() - exact).abs().sum()
     assert tv < 0.06 and tv < far / 5, (tv, far)
+
+
+def test_a_draft_vocabulary_limits_the_drafts_and_keeps_the_output(pipes, tiny_dflash, tmp_path):
+    import shutil
+
+    from specgen.drafting.vocab import save_draft_vocab
+
+    drafter = tmp_path / "vocab"
+    shutil.copytree(tiny_dflash, drafter)
+    allowed = list(range(0, TINY_VOCAB, 3))
+    save_draft_vocab(drafter, allowed)
+    spec = SpecConfig(method="dflash", drafter=str(drafter), verify_policy="full", trace=True)
+    pipe = pipes[0].with_spec(spec)
+    assert pipe.method.vocab is not None and pipe.method.vocab.ids.tolist() == allowed
+    want = pipes[0].generate("The quick brown fox", raw=True, max_new_tokens=40).token_ids
+    got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
+    assert got.token_ids == want
+    drafted = [t for r in got.stats.trace for t in r["draft"]]
+    assert drafted and set(drafted) <= set(allowed)
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [("{", "is corrupt"), ('{"ids": [1]}', "is corrupt"), ('{"token_ids": [99999]}', "outside")],
+)
+def test_a_bad_draft_vocabulary_fails_clearly(pipes, tiny_dflash, tmp_path, content, message):
+    import shutil
+
+    drafter = tmp_path / "bad"
+    shutil.copytree(tiny_dflash, drafter)
+    (drafter / "draft_vocab.json").write_text(content)
+    with pytest.raises(CheckpointError, match=message):
+        pipes[0].with_spec(SpecConfig(method="dflash", drafter=str(drafter)))

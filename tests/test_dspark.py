@@ -4,6 +4,7 @@ losslessness under every verify policy."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
 from specgen.config import ModelArgs, SamplingParams, SpecConfig
 from specgen.drafting.dspark import markov_draw
+from specgen.drafting.vocab import save_draft_vocab
 from specgen.engine.sampling import make_generator, probabilities
 from specgen.errors import CheckpointError, SpecgenError
 from specgen.models.dflash import check_pair
@@ -239,15 +241,24 @@ def _exact_token_distribution(target, prompt, params, position):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["full", "threshold=0.08", "cost"])
+@pytest.mark.parametrize(
+    "policy,vocab", [("full", False), ("threshold=0.08", False), ("cost", False), ("full", True)]
+)
 def test_sampling_through_dspark_has_the_target_distribution(
-    tiny_qwen3_deep, tiny_dspark, target, policy
+    tiny_qwen3_deep, tiny_dspark, target, policy, vocab, tmp_path
 ):
     """The 3rd answer token: after the first, one step verifies up to 2 drafts, so it is d2
     (whose proposal depends, through the Markov head, on the sampled d1) or a bonus. The
     threshold and cost policies cut drafts by confidences that depend on the sampled
-    anchor and drafts."""
-    spec = SpecConfig(method="dspark", drafter=str(tiny_dspark), verify_policy=policy)
+    anchor and drafts. With a draft vocabulary (half the tokens) drafts come from a
+    distribution that is zero elsewhere, and the output is still exact."""
+    drafter = tiny_dspark
+    if vocab:
+        drafter = tmp_path / "vocab"
+        shutil.copytree(tiny_dspark, drafter)
+        subset = torch.randperm(TINY_VOCAB, generator=torch.Generator().manual_seed(0))
+        save_draft_vocab(drafter, subset[: TINY_VOCAB // 2].tolist())
+    spec = SpecConfig(method="dspark", drafter=str(drafter), verify_policy=policy)
     # cheap verification: the untrained drafter's low confidences still earn 1-2 slots
     costs = CostTable(contexts=(1,), seconds=(tuple(1.0 + 0.02 * n for n in range(8)),))
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")

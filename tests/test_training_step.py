@@ -90,6 +90,9 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(tiny_qwen3_deep, tm
         loop.sequence_loss = real
     more = train(target, config, data, cfg, tmp_path / "d", resume=True)
     assert more["steps"] == 9
+    # trained through the data's head rows: the drafter drafts from those rows only
+    vocab = json.loads((tmp_path / "d" / "draft_vocab.json").read_text())["token_ids"]
+    assert set(vocab) == {t for s in data for t in s.ids}
     a = torch.load(tmp_path / "whole" / "state.pt", weights_only=True)["net"]
     b = torch.load(tmp_path / "d" / "state.pt", weights_only=True)["net"]
     for name in a:  # resumed = uninterrupted, bit for bit

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.drafting.base import Draft, empty_draft, register
+from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
@@ -35,10 +36,16 @@ class DFlashMethod:
     drafters_needed = 1
 
     def __init__(
-        self, net: DFlashNet, target: Transformer, block_size: int, draft_tokens: int | None
+        self,
+        net: DFlashNet,
+        target: Transformer,
+        block_size: int,
+        draft_tokens: int | None,
+        vocab: DraftVocab | None = None,
     ) -> None:
         self.net = net
         self.target = target
+        self.vocab = vocab  # drafts come from these head rows only (drafting/vocab.py)
         self.block_size = block_size
         self.max_draft_tokens = min(block_size - 1, draft_tokens or block_size)
 
@@ -56,16 +63,16 @@ class DFlashMethod:
             raise SpecgenError(f"no dflash drafter given for {target_name}; pass --drafter")
         if notify:
             notify(f"loading DFlash drafter {source}")
-        net = load_dflash(
-            resolve_drafter(source), target=target, target_name=target_name, name=source
-        )
+        path = resolve_drafter(source)
+        net = load_dflash(path, target=target, target_name=target_name, name=source)
         block = spec.block_size or net.args.block_size
         if block > net.args.block_size:
             raise SpecgenError(
                 f"--block-size {block} exceeds the block {net.args.block_size} {source} was "
                 "trained with (smaller blocks work, larger ones do not)"
             )
-        return cls(net, target, block, spec.draft_tokens)
+        vocab = load_draft_vocab(path, target.lm_head, source)
+        return cls(net, target, block, spec.draft_tokens, vocab)
 
     def new_drafter(self, capacity: int) -> DFlashDrafter:
         return DFlashDrafter(self, capacity)
@@ -76,6 +83,7 @@ class DFlashDrafter:
 
     def __init__(self, method: DFlashMethod, capacity: int) -> None:
         self.net, self.target = method.net, method.target
+        self.vocab = method.vocab
         self.block_size = method.block_size
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = method.net.args.target_layer_ids
@@ -102,6 +110,8 @@ class DFlashDrafter:
         if k <= 0:
             return empty_draft(self.target.device)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
-        hidden = self.net.block_hidden(self.cache, self.target.embed_tokens(ids))
-        logits = self.target.head(hidden[:, 1:])  # slot j predicts position anchor + j
-        return Draft(tokens=logits.argmax(dim=-1)[:, :k])
+        hidden = self.net.block_hidden(self.cache, self.target.embed_tokens(ids))[:, 1 : k + 1]
+        vocab = self.vocab  # slot j predicts position anchor + j
+        if vocab is None:
+            return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
+        return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.drafting.base import Draft, empty_draft, register
+from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -38,8 +39,10 @@ def markov_draw(
     params: SamplingParams,
     generator: torch.Generator | None,
     calibration: Calibration | None = None,
+    vocab: DraftVocab | None = None,
 ) -> Draft:
-    """Draw k draft tokens left to right through the Markov head."""
+    """Draw k draft tokens left to right through the Markov head. With `vocab`, `base`
+    covers only its tokens ([k, V']) and so does every draw."""
     k = base.shape[0]
     prev = torch.tensor([anchor], device=base.device)
     state = net.new_state(1) if net.args.markov_rank else None
@@ -50,14 +53,17 @@ def markov_draw(
             logits_c.append(net.confidence_logit(h, prev))
         logits = base[j : j + 1].float()
         if net.args.markov_rank:
-            bias, state = net.markov_step(prev, h, state)
+            bias, state = net.markov_step(prev, h, state, None if vocab is None else vocab.ids)
             logits = logits + bias
         if params.greedy or generator is None:
-            prev = logits.argmax(dim=-1)
+            index = logits.argmax(dim=-1)
         else:
             q = probabilities(logits, params)
-            prev = torch.multinomial(q, 1, generator=generator)[:, 0]
-            dists.append(q)
+            index = torch.multinomial(q, 1, generator=generator)[:, 0]
+            dists.append(
+                q if vocab is None else vocab.to_full(q, net.args.backbone.layers.vocab_size)
+            )
+        prev = index if vocab is None else vocab.ids[index]
         tokens.append(prev)
     confidence = None
     if logits_c:
@@ -85,11 +91,13 @@ class DSparkMethod:
         block_size: int,
         draft_tokens: int | None,
         calibration: Calibration | None = None,
+        vocab: DraftVocab | None = None,
     ) -> None:
         self.net = net
         self.target = target
         self.block_size = block_size
         self.calibration = calibration
+        self.vocab = vocab  # drafts come from these head rows only (drafting/vocab.py)
         slots = block_size - net.args.first_slot
         self.max_draft_tokens = min(slots, draft_tokens or slots)
 
@@ -117,7 +125,8 @@ class DSparkMethod:
                 "(smaller blocks work, larger ones do not)"
             )
         calibration = load_calibration(path) if net.args.confidence else None
-        return cls(net, target, block, spec.draft_tokens, calibration)
+        vocab = load_draft_vocab(path, target.lm_head, source)
+        return cls(net, target, block, spec.draft_tokens, calibration, vocab)
 
     def new_drafter(self, capacity: int) -> DSparkDrafter:
         return DSparkDrafter(self, capacity)
@@ -155,7 +164,8 @@ class DSparkDrafter:
         hidden = self.net.backbone.block_hidden(self.cache, self.target.embed_tokens(ids))
         first = self.net.args.first_slot
         slots = hidden[0, first : first + k]
-        base = self.target.head(slots[None])[0]
+        vocab = self.method.vocab
+        base = self.target.head(slots) if vocab is None else vocab.logits(slots)
         return markov_draw(
-            self.net, base, slots, anchor, params, generator, self.method.calibration
+            self.net, base, slots, anchor, params, generator, self.method.calibration, vocab
         )

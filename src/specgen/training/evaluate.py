@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
@@ -33,11 +34,16 @@ class OfflineAcceptance:
 
 @torch.no_grad()
 def accepted_lengths(
-    target: Transformer, net: DFlashNet | DSparkNet, item: Prepared, chunk: int = 128
+    target: Transformer,
+    net: DFlashNet | DSparkNet,
+    item: Prepared,
+    chunk: int = 128,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[int, torch.Tensor]:
     """(first anchor, accepted drafts at each anchor of the answer).
 
-    The first anchor is the answer's first token (decoding's prefill makes it)."""
+    The first anchor is the answer's first token (decoding's prefill makes it). `vocab`:
+    the drafter drafts from these token ids only, as at inference (`drafting/vocab.py`)."""
     dspark = isinstance(net, DSparkNet)
     backbone = net.backbone if dspark else net
     seq, device = item.seq, target.device
@@ -56,23 +62,27 @@ def accepted_lengths(
         )
         hidden = block_forward(backbone, features, target.embed_tokens(blocks.inputs), anchors)
         hidden = hidden[:, blocks.first_slot :]
-        logits = target.head(hidden)
+        logits = target.head(hidden) if vocab is None else F.linear(hidden, target.lm_head[vocab])
         if dspark:
             prev = torch.cat([blocks.inputs[:, :1], blocks.targets[:, :-1].clamp(min=0)], dim=1)
-            logits = markov_logits(net, logits, hidden, prev)
-        match = (logits.argmax(-1) == blocks.targets) & (blocks.targets >= 0)
+            logits = markov_logits(net, logits, hidden, prev, vocab)
+        drafts = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
+        match = (drafts == blocks.targets) & (blocks.targets >= 0)
         out.append(match.int().cumprod(-1).sum(-1))
     empty = torch.zeros(0, dtype=torch.long, device=device)
     return lo, torch.cat(out) if out else empty
 
 
 def offline_acceptance(
-    target: Transformer, net: DFlashNet | DSparkNet, items: list[Prepared]
+    target: Transformer,
+    net: DFlashNet | DSparkNet,
+    items: list[Prepared],
+    vocab: torch.Tensor | None = None,
 ) -> OfflineAcceptance:
     steps, committed = 0, 0
     reached: list[int] = []
     for item in items:
-        lo, accepted = accepted_lengths(target, net, item)
+        lo, accepted = accepted_lengths(target, net, item, vocab=vocab)
         p = lo
         while p - lo < accepted.shape[0]:
             a = int(accepted[p - lo])

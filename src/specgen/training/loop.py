@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specgen.drafting.vocab import save_draft_vocab
 from specgen.models.dflash import DFlashArgs, DFlashNet
 from specgen.models.dspark import DSparkArgs, DSparkNet
 from specgen.models.transformer import Transformer
@@ -172,7 +173,7 @@ def train(
     def evaluate(loss: float) -> None:
         if not held:
             return
-        result = offline_acceptance(target, net, held)
+        result = offline_acceptance(target, net, held, None if vocab is None else vocab.ids)
         minutes = (time.perf_counter() - start) / 60
         curve.append([round(minutes, 2), step, round(result.tau, 4), round(loss, 4)])
         if report:
@@ -234,6 +235,8 @@ def train(
     save_drafter(out, net, config, extra={"specgen_training": {
         k: v for k, v in summary.items() if k != "curve"
     }})  # fmt: skip
+    if vocab is not None:  # inference drafts from the rows training ranked
+        save_draft_vocab(out, vocab.ids.tolist())
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

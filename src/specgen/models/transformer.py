@@ -20,6 +20,7 @@ from torch import nn
 from specgen.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.linear import linear
+from specgen.kernels.rmsnorm import add_rms_norm
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.norm import rms_norm
 from specgen.models.rope import apply_rope, rope_tables
@@ -101,8 +102,8 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)
         keys, values = cache.write(layer_id, k, v)
         out = attention(q, keys, values, mask, causal)
-        x = x + linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
-        h = rms_norm(x, self.ffn_norm, eps)
+        attn = linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
+        h, x = add_rms_norm(attn, self.ffn_norm, eps, residual=x)  # fused on CUDA + Triton
         gate, up = linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.w_down, self.b_down)
 

@@ -20,6 +20,7 @@ from torch import nn
 from specgen.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.linear import linear
+from specgen.kernels.qk_rope import qk_norm_rope
 from specgen.kernels.rmsnorm import add_rms_norm
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.norm import rms_norm
@@ -90,15 +91,12 @@ class DecoderLayer(nn.Module):
         h = rms_norm(x, self.attn_norm, eps)
         qkv = linear(h, self.wqkv, self.bqkv)
         nq, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-        q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-        v = v.view(bsz, t, nkv, d).transpose(1, 2)
-        if self.q_norm is not None:
-            q = rms_norm(q.view(bsz, t, nq, d), self.q_norm, eps)
-            k = rms_norm(k.view(bsz, t, nkv, d), self.k_norm, eps)
-            qk = torch.cat((q, k), dim=2)
+        v = qkv[..., (nq + nkv) * d :].view(bsz, t, nkv, d).transpose(1, 2)
+        qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
+        if self.q_norm is not None:  # q and k heads together: one set of ops (or one kernel)
+            qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, eps)
         else:
-            qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
-        qk = apply_rope(qk, cos, sin)  # q and k heads together: one set of ops, not two
+            qk = apply_rope(qk, cos, sin)
         q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)
         keys, values = cache.write(layer_id, k, v)
         out = attention(q, keys, values, mask, causal)

@@ -22,6 +22,7 @@ from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
+from specgen.kernels import backend
 from specgen.models.dspark import DSparkNet, load_dspark
 from specgen.scheduling.calibration import Calibration, load_calibration
 
@@ -43,6 +44,8 @@ def markov_draw(
 ) -> Draft:
     """Draw k draft tokens left to right through the Markov head. With `vocab`, `base`
     covers only its tokens ([k, V']) and so does every draw."""
+    if (params.greedy or generator is None) and _fused(net, base):
+        return _fused_greedy(net, base, hidden, anchor, calibration, vocab)
     k = base.shape[0]
     prev = torch.tensor([anchor], device=base.device)
     state = net.new_state(1) if net.args.markov_rank else None
@@ -76,6 +79,32 @@ def markov_draw(
         probs=torch.cat(dists)[None] if dists else None,
         confidence=confidence,
     )
+
+
+def _fused(net: DSparkNet, base: torch.Tensor) -> bool:
+    """The one-launch greedy kernel (kernels/markov.py): CUDA, Triton, vanilla head."""
+    r = net.args.markov_rank
+    return (
+        base.is_cuda
+        and backend() == "triton"
+        and net.args.markov_kind == "vanilla"
+        and r >= 4
+        and r & (r - 1) == 0
+    )
+
+
+def _fused_greedy(net, base, hidden, anchor, calibration, vocab) -> Draft:
+    from specgen.kernels.markov import markov_greedy_triton
+
+    w2 = net.markov_w2 if vocab is None else net.markov_w2[vocab.ids]
+    conf_w = net.conf_w if net.args.confidence else None
+    conf_b = net.conf_b if net.args.confidence else None
+    ids = None if vocab is None else vocab.ids
+    tokens, z = markov_greedy_triton(base, hidden, anchor, net.markov_w1, w2, ids, conf_w, conf_b)
+    confidence = None
+    if z is not None:
+        confidence = torch.sigmoid(z if calibration is None else calibration.scale(z))[None]
+    return Draft(tokens=tokens[None], confidence=confidence)
 
 
 @register("dspark")

@@ -1,0 +1,139 @@
+"""DSpark's greedy left-to-right Markov-head draw for one block, in one kernel launch.
+
+For slots j = 1..k (vanilla Markov head, rank r; optional draft vocabulary `ids`):
+
+    z_j    = W1[prev_j]                                  (prev_1 = the anchor)
+    c_j    = conf_w . [h_j ; z_j] + conf_b               (before token j is drawn; optional)
+    x_j    = argmax_v base[j, v] + W2[v] . z_j           (first index among equal maxima)
+    prev_{j+1} = ids[x_j] (or x_j without a draft vocabulary)
+
+Eager torch launches ~6 small ops per slot and syncs the host for nothing in between; the
+kernel keeps the whole chain in one program, streaming W2 in tiles of `BLOCK_V` rows per
+slot. Only greedy drafting uses it (sampling needs the filtered proposal distribution
+for the verifier and stays in torch); gated and rnn heads stay in torch as well. The
+confidence comes back as logits so the caller applies its calibration and sigmoid.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specgen.kernels import triton_available
+
+
+def markov_greedy_torch(
+    base: torch.Tensor,  # [k, V'] backbone logits of the draft slots (V' = len(ids) or V)
+    hidden: torch.Tensor,  # [k, H]
+    anchor: int,
+    w1: torch.Tensor,  # [V, r]
+    w2: torch.Tensor,  # [V', r] (rows of the draft vocabulary when there is one)
+    ids: torch.Tensor | None,  # [V'] token ids of base's columns, or None
+    conf_w: torch.Tensor | None,  # [1, H + r] or [1, H]
+    conf_b: torch.Tensor | None,  # [1]
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [k], confidence logits [k]
+    prev = torch.tensor([anchor], device=base.device)
+    tokens, conf = [], []
+    for j in range(base.shape[0]):
+        z = F.embedding(prev, w1)
+        if conf_w is not None:
+            feats = hidden[j : j + 1]
+            if conf_w.shape[1] > hidden.shape[1]:
+                feats = torch.cat([feats, z], dim=-1)
+            conf.append(F.linear(feats.float(), conf_w.float(), conf_b.float())[:, 0])
+        logits = base[j : j + 1].float() + F.linear(z, w2).float()
+        index = logits.argmax(dim=-1)
+        prev = index if ids is None else ids[index]
+        tokens.append(prev)
+    return torch.cat(tokens), (torch.cat(conf) if conf else None)
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _markov_greedy_kernel(
+        base_ptr,
+        hidden_ptr,
+        w1_ptr,
+        w2_ptr,
+        ids_ptr,
+        cw_ptr,
+        cb_ptr,
+        tokens_ptr,
+        conf_ptr,
+        anchor,
+        K,
+        V,
+        H,
+        R: tl.constexpr,
+        HAS_IDS: tl.constexpr,
+        HAS_CONF: tl.constexpr,
+        CONF_WITH_MARKOV: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        rk = tl.arange(0, R)
+        prev = anchor
+        for j in range(K):
+            z = tl.load(w1_ptr + prev * R + rk).to(tl.float32)  # [R]
+            if HAS_CONF:
+                acc = tl.load(cb_ptr).to(tl.float32)
+                for h0 in range(0, H, BLOCK_H):
+                    hc = h0 + tl.arange(0, BLOCK_H)
+                    hm = hc < H
+                    hv = tl.load(hidden_ptr + j * H + hc, mask=hm, other=0.0).to(tl.float32)
+                    wv = tl.load(cw_ptr + hc, mask=hm, other=0.0).to(tl.float32)
+                    acc += tl.sum(hv * wv, axis=0)
+                if CONF_WITH_MARKOV:
+                    acc += tl.sum(z * tl.load(cw_ptr + H + rk).to(tl.float32), axis=0)
+                tl.store(conf_ptr + j, acc)
+            best = float("-inf")
+            best_idx = 0
+            for v0 in range(0, V, BLOCK_V):
+                rows = v0 + tl.arange(0, BLOCK_V)
+                rm = rows < V
+                w2 = tl.load(w2_ptr + rows[:, None] * R + rk[None, :], mask=rm[:, None], other=0.0)
+                bias = tl.sum(w2.to(tl.float32) * z[None, :], axis=1)
+                logit = tl.load(base_ptr + j * V + rows, mask=rm, other=0.0).to(tl.float32)
+                logit = tl.where(rm, logit + bias, float("-inf"))
+                tile_max = tl.max(logit, axis=0)
+                # first index of the tile's max: the smallest row holding it
+                tile_idx = tl.min(tl.where(logit == tile_max, rows, V), axis=0)
+                better = tile_max > best  # strict: an earlier tile keeps ties (torch's rule)
+                best_idx = tl.where(better, tile_idx, best_idx)
+                best = tl.where(better, tile_max, best)
+            if HAS_IDS:
+                prev = tl.load(ids_ptr + best_idx)
+            else:
+                prev = best_idx
+            tl.store(tokens_ptr + j, prev)
+
+    def markov_greedy_triton(base, hidden, anchor, w1, w2, ids, conf_w, conf_b):
+        k, v = base.shape
+        r, h = w1.shape[1], hidden.shape[1]
+        tokens = torch.empty(k, dtype=torch.long, device=base.device)
+        conf = torch.empty(k, dtype=torch.float32, device=base.device)
+        _markov_greedy_kernel[(1,)](
+            base.contiguous(),
+            hidden.contiguous(),
+            w1,
+            w2.contiguous(),
+            tokens if ids is None else ids,
+            conf if conf_w is None else conf_w,
+            conf if conf_b is None else conf_b,
+            tokens,
+            conf,
+            anchor,
+            k,
+            v,
+            h,
+            R=r,
+            HAS_IDS=ids is not None,
+            HAS_CONF=conf_w is not None,
+            CONF_WITH_MARKOV=conf_w is not None and conf_w.shape[1] > h,
+            BLOCK_V=256,
+            BLOCK_H=triton.next_power_of_2(min(h, 1024)),
+        )
+        return tokens, (None if conf_w is None else conf)

@@ -101,3 +101,23 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(tiny_qwen3_deep, tm
     assert pipe.spec.method == "dspark"
     want = base.generate("The quick brown fox", raw=True, max_new_tokens=20).token_ids
     assert pipe.generate("The quick brown fox", raw=True, max_new_tokens=20).token_ids == want
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_drafter_layers_start_as_the_targets_next_layers(tiny_dirs, family):
+    from specgen.training.init import init_from_target
+    from specgen.training.loop import TrainConfig, drafter_config, new_drafter
+
+    target = load_target(tiny_dirs[family], dtype=torch.float32, device="cpu")
+    config = read_config(tiny_dirs[family], "t")
+    cfg = TrainConfig(draft_layers=2, target_layers=(1, 0))
+    n = target.args.num_layers
+    net = new_drafter(target, drafter_config(config, n, cfg), "dflash", 0)
+    init_from_target(net, target)
+    sources = [target.layers[min(2 + i, n - 1)] for i in range(2)]  # after the top tap
+    for mine, theirs in zip(net.layers, sources, strict=True):
+        torch.testing.assert_close(mine.wqkv, theirs.wqkv)
+        torch.testing.assert_close(mine.w_down, theirs.w_down)
+    h = target.args.hidden_size
+    torch.testing.assert_close(net.fc[:, :h], torch.eye(h))  # the top tap passes through
+    torch.testing.assert_close(net.norm, target.norm)

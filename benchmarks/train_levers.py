@@ -52,6 +52,7 @@ def main() -> None:
     from specgen.hub import resolve_model
     from specgen.models.loading import load_target, read_config
     from specgen.paths import specgen_home
+    from specgen.training.features import target_features
     from specgen.training.loop import TrainConfig, load_sequences, train
 
     quiet_libraries()
@@ -60,6 +61,13 @@ def main() -> None:
     config = read_config(resolved.path, resolved.name)
     data = load_sequences(args.data)
     base = TrainConfig(kind="dflash", block_size=8, minutes=args.minutes, eval_minutes=1e9)
+    # every layer any run here (or the DSpark drafter: the last layer) needs, in one pass
+    layers = (1, 7, 14, 21, 27, target.args.num_layers - 1)
+    cache = specgen_home() / "features"
+    def report(row: dict) -> None:
+        print(f"features {row['prepared']}/{row['of']}", flush=True)
+
+    target_features(target, resolved.name, data, layers, cache, report)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     for name in args.only.split(","):
         cfg = replace(base, **LEVERS[name])

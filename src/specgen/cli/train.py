@@ -44,8 +44,8 @@ def train(
     mask_token_id: Annotated[int, typer.Option("--mask-token-id")] = 0,
     markov_rank: Annotated[int, typer.Option("--markov-rank")] = 64,
     init: Annotated[
-        str, typer.Option("--init", help="target (copy the target's upper layers) or random.")
-    ] = "target",
+        str, typer.Option("--init", help="random, or target (copy the target's upper layers).")
+    ] = "random",
     full_vocab: Annotated[
         bool, typer.Option("--full-vocab", help="Train through the whole LM head.")
     ] = False,

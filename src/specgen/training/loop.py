@@ -49,7 +49,7 @@ class TrainConfig:
     clip: float = 1.0
     checkpoint_every: int = 200
     seed: int = 0
-    init_from_target: bool = True  # drafter layers start as the target's (training/init.py)
+    init_from_target: bool = False  # start from the target's layers (training/init.py)
     restrict_vocab: bool = True  # train through the head rows the data uses (trainer.Vocab)
     eval_minutes: float = 3.0  # offline τ on the held-out answers this often
     holdout: int = 24  # answers kept out of training for the offline τ

@@ -280,8 +280,9 @@ def test_dflash_through_the_cli_with_trace(tiny_qwen3_deep, tiny_dflash):
     assert all(step["drafter"] == "dflash" for step in trace)
 
 
-def test_dflash_without_a_known_drafter(tmp_path):
-    assert_one_line_error(run("generate", "hi", "--method", "dflash"), 2, "no dflash drafter")
+def test_dflash_without_a_known_drafter(tiny_qwen3_deep, tmp_path):
+    result = run("generate", "hi", "--model", str(tiny_qwen3_deep), "--method", "dflash")
+    assert_one_line_error(result, 2, "no dflash drafter")
     (tmp_path / "notes.txt").write_text("x")
     result = run("generate", "hi", "--drafter", str(tmp_path))
     assert_one_line_error(result, 2, "not a drafter checkpoint")

@@ -202,3 +202,44 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
         assert got.stats.mean_confidence is not None
         if policy == "full":
             assert got.stats.drafted > 0
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark", "stacked"])
+def test_shipped_drafters_are_exact_and_accept_drafts(pipe, method):
+    """The drafters specgen trained for the default model ship in the package: they load
+    from the registry with no --drafter, offline, and decode token for token like AR."""
+    from specgen.config import SpecConfig
+
+    spec = SpecConfig(method=method, verify_policy="full")
+    spec_pipe = pipe.with_spec(spec)
+    accepted = 0
+    for question in _questions({81, 121, 321}):
+        want = pipe.generate(question, max_new_tokens=48, session=pipe.new_session())
+        got = spec_pipe.generate(question, max_new_tokens=48, session=spec_pipe.new_session())
+        assert got.token_ids == want.token_ids
+        accepted += got.stats.accepted
+    assert accepted > 0
+
+
+def test_shipped_drafters_are_small_and_in_their_public_layouts():
+    from specgen.hub import resolve_drafter
+    from specgen.registry import MODELS
+
+    drafters = MODELS["smollm2-135m"].drafters
+    for method, kind in (("dflash", "DFlashDraftModel"), ("dspark", "Qwen3DSparkModel")):
+        path = resolve_drafter(drafters[method])
+        config = json.loads((path / "config.json").read_text())
+        assert config["architectures"] == [kind]
+        assert (path / "model.safetensors").stat().st_size < 40 * 2**20
+        assert (path / "training.json").is_file() and (path / "draft_vocab.json").is_file()
+    assert (resolve_drafter(drafters["dspark"]) / "calibration.json").is_file()
+
+
+def test_cli_dspark_on_the_default_model_needs_no_drafter(pipe):
+    env = {**os.environ, "NO_COLOR": "1"}
+    args = [sys.executable, "-m", "specgen", "generate", "What is 12 * 7?", "--method",
+            "dspark", "-n", "24", "--json", "--device", "cpu"]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["stats"]["steps"] > 0 and record["text"]

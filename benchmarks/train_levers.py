@@ -64,6 +64,7 @@ def main() -> None:
     # every layer any run here (or the DSpark drafter: the last layer) needs, in one pass
     layers = (1, 7, 14, 21, 27, target.args.num_layers - 1)
     cache = specgen_home() / "features"
+
     def report(row: dict) -> None:
         print(f"features {row['prepared']}/{row['of']}", flush=True)
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 from specgen.models.transformer import Transformer
-from specgen.training.blocks import block_forward, make_blocks
 from specgen.training.losses import markov_logits
-from specgen.training.trainer import Prepared
+from specgen.training.trainer import Prepared, Vocab, draft_blocks
 
 
 @dataclass(frozen=True)
@@ -38,36 +36,26 @@ def accepted_lengths(
     net: DFlashNet | DSparkNet,
     item: Prepared,
     chunk: int = 128,
-    vocab: torch.Tensor | None = None,
+    vocab: Vocab | None = None,
 ) -> tuple[int, torch.Tensor]:
     """(first anchor, accepted drafts at each anchor of the answer).
 
     The first anchor is the answer's first token (decoding's prefill makes it). `vocab`:
     the drafter drafts from these token ids only, as at inference (`drafting/vocab.py`)."""
-    dspark = isinstance(net, DSparkNet)
-    backbone = net.backbone if dspark else net
     seq, device = item.seq, target.device
     ids = torch.tensor(seq.ids, device=device)
     lo, hi = seq.response_start, ids.shape[0] - 2
-    features = item.features.to(target.dtype)
     out = []
     for start in range(lo, hi + 1, chunk):
         anchors = torch.arange(start, min(start + chunk, hi + 1), device=device)
-        blocks = make_blocks(
-            ids,
-            anchors,
-            block_size=backbone.args.block_size,
-            mask_token_id=backbone.args.mask_token_id,
-            anchor_first=dspark and net.args.anchor_first,
-        )
-        hidden = block_forward(backbone, features, target.embed_tokens(blocks.inputs), anchors)
-        hidden = hidden[:, blocks.first_slot :]
-        logits = target.head(hidden) if vocab is None else F.linear(hidden, target.lm_head[vocab])
-        if dspark:
-            prev = torch.cat([blocks.inputs[:, :1], blocks.targets[:, :-1].clamp(min=0)], dim=1)
-            logits = markov_logits(net, logits, hidden, prev, vocab)
-        drafts = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
-        match = (drafts == blocks.targets) & (blocks.targets >= 0)
+        drafted = draft_blocks(target, net, item, ids, anchors)
+        hidden, targets = drafted.hidden, drafted.blocks.targets
+        logits = target.head(hidden) if vocab is None else vocab.logits(hidden)
+        if isinstance(net, DSparkNet):
+            ids_v = None if vocab is None else vocab.ids
+            logits = markov_logits(net, logits, hidden, drafted.prev, ids_v)
+        drafts = logits.argmax(-1) if vocab is None else vocab.ids[logits.argmax(-1)]
+        match = (drafts == targets) & (targets >= 0)
         out.append(match.int().cumprod(-1).sum(-1))
     empty = torch.zeros(0, dtype=torch.long, device=device)
     return lo, torch.cat(out) if out else empty
@@ -77,7 +65,7 @@ def offline_acceptance(
     target: Transformer,
     net: DFlashNet | DSparkNet,
     items: list[Prepared],
-    vocab: torch.Tensor | None = None,
+    vocab: Vocab | None = None,
 ) -> OfflineAcceptance:
     steps, committed = 0, 0
     reached: list[int] = []

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specgen.models.transformer import Transformer
-from specgen.training.trainer import Sequence
+from specgen.training.trainer import Sequence, layer_outputs
 
 SHARD = 64
 
@@ -52,7 +52,9 @@ def target_features(
         stored = _read(path, len(group))
         if stored is None or not set(layers) <= set(stored[0]):
             have = set(stored[0]) if stored else set()
-            stored = [_forward(target, seq, tuple(sorted(have | set(layers)))) for seq in group]
+            stored = [
+                layer_outputs(target, seq, tuple(sorted(have | set(layers)))) for seq in group
+            ]
             tmp = path.with_suffix(".tmp")
             tensors = {f"{i}.{k}": t for i, row in enumerate(stored) for k, t in row.items()}
             save_file(tensors, str(tmp))
@@ -61,14 +63,6 @@ def target_features(
         if report:
             report({"prepared": len(out), "of": len(sequences)})
     return out
-
-
-def _forward(
-    target: Transformer, seq: Sequence, layers: tuple[int, ...]
-) -> dict[int, torch.Tensor]:
-    n = len(seq.ids)
-    run = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
-    return {layer: run.taps[layer][0].to(torch.bfloat16).cpu().contiguous() for layer in layers}
 
 
 def _read(path: Path, count: int) -> list[dict[int, torch.Tensor]] | None:

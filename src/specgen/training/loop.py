@@ -173,7 +173,7 @@ def train(
     def evaluate(loss: float) -> None:
         if not held:
             return
-        result = offline_acceptance(target, net, held, None if vocab is None else vocab.ids)
+        result = offline_acceptance(target, net, held, vocab)
         minutes = (time.perf_counter() - start) / 60
         curve.append([round(minutes, 2), step, round(result.tau, 4), round(loss, 4)])
         if report:

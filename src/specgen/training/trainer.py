@@ -19,7 +19,7 @@ from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 from specgen.models.norm import rms_norm
 from specgen.models.transformer import Transformer
-from specgen.training.blocks import block_forward, make_blocks
+from specgen.training.blocks import Blocks, block_forward, make_blocks
 from specgen.training.losses import dflash_loss, dspark_loss, markov_logits
 
 
@@ -49,13 +49,52 @@ class Prepared:
 
 
 @torch.inference_mode()
-def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: bool) -> Prepared:
+def layer_outputs(
+    target: Transformer, seq: Sequence, layers: tuple[int, ...]
+) -> dict[int, torch.Tensor]:
+    """One teacher-forced target forward: {layer: [N, H] bf16 output} on the CPU."""
     n = len(seq.ids)
+    run = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
+    return {layer: run.taps[layer][0].to(torch.bfloat16).cpu().contiguous() for layer in layers}
+
+
+def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: bool) -> Prepared:
     final = target.args.num_layers - 1
     layers = tuple(sorted({*taps, final})) if last else taps
-    out = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
-    hidden = {i: out.taps[i][0].to(torch.bfloat16) for i in layers}
+    hidden = layer_outputs(target, seq, layers)
     return Prepared.from_layers(seq, hidden, taps, final if last else None)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A batch of blocks run through the drafter's backbone (training and evaluation)."""
+
+    blocks: Blocks
+    hidden: torch.Tensor  # [A, S, H] the draft slots, after the drafter's final norm
+
+    @property
+    def prev(self) -> torch.Tensor:  # [A, S] the true token before each slot (teacher forcing)
+        b = self.blocks
+        return torch.cat([b.inputs[:, :1], b.targets[:, :-1].clamp(min=0)], dim=1)
+
+
+def draft_blocks(
+    target: Transformer, net: DFlashNet | DSparkNet, item: Prepared, ids: torch.Tensor,
+    anchors: torch.Tensor,
+) -> Drafted:  # fmt: skip
+    """Blocks at `anchors`, built as inference builds them, through the backbone at once."""
+    dspark = isinstance(net, DSparkNet)
+    backbone = net.backbone if dspark else net
+    blocks = make_blocks(
+        ids,
+        anchors,
+        block_size=backbone.args.block_size,
+        mask_token_id=backbone.args.mask_token_id,
+        anchor_first=dspark and net.args.anchor_first,
+    )
+    features = item.features.to(target.device, target.dtype)
+    hidden = block_forward(backbone, features, target.embed_tokens(blocks.inputs), anchors)
+    return Drafted(blocks, hidden[:, blocks.first_slot :])
 
 
 @dataclass(frozen=True)
@@ -115,26 +154,17 @@ def sequence_loss(
     lo, hi = max(seq.response_start - 1, 1), n - 2  # anchor = last committed token
     if hi < lo:
         return None
-    features = item.features.to(target.dtype)
     count = min(anchors_per_sequence, hi - lo + 1)
     anchors = lo + torch.randperm(hi - lo + 1, generator=generator)[:count].to(device)
-    anchors = anchors.sort().values
-    blocks = make_blocks(
-        ids,
-        anchors,
-        block_size=backbone.args.block_size,
-        mask_token_id=backbone.args.mask_token_id,
-        anchor_first=dspark and net.args.anchor_first,
-    )
-    embeds = target.embed_tokens(blocks.inputs)
-    hidden = block_forward(backbone, features, embeds, anchors)[:, blocks.first_slot :]
+    drafted = draft_blocks(target, net, item, ids, anchors.sort().values)
+    blocks, hidden, anchors = drafted.blocks, drafted.hidden, drafted.blocks.anchors
     head = target.head if vocab is None else vocab.logits
     targets = blocks.targets if vocab is None else vocab.targets(blocks.targets)
     logits = head(hidden)  # [A, S, V]
     if not dspark:
         loss = dflash_loss(logits, targets, gamma)
         return loss, {"ce": loss.item()}
-    prev = torch.cat([blocks.inputs[:, :1], blocks.targets[:, :-1].clamp(min=0)], dim=1)
+    prev = drafted.prev
     draft = markov_logits(net, logits, hidden, prev, None if vocab is None else vocab.ids)
     # the target's distribution for the token at position p is its output at p - 1
     positions = (anchors[:, None] + torch.arange(draft.shape[1], device=device)).clamp(max=n - 1)

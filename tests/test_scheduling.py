@@ -110,21 +110,23 @@ def test_drafting_is_skipped_only_when_no_verify_length_pays():
 
 
 def test_a_skipping_scheduler_probes_with_a_growing_interval():
+    from specgen.drafting.base import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
 
+    one = (DraftOption(),)
     cheap = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
-    assert VerifyScheduler(VerifyPolicy.parse("cost"), cheap).should_draft(0, 100)  # the prior
+    assert VerifyScheduler(VerifyPolicy.parse("cost"), cheap).pick(one, 100) == 0  # the prior
     # this CPU's costs: drafting pays only above the prior's acceptance, so only probes draft
     costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
-    assert scheduler.should_draft(None, 100)  # no steady bucket: never skipped
+    assert scheduler.prices_drafts
     draft = Draft(tokens=torch.zeros(1, 3, dtype=torch.long))
 
     def skips_before_a_probe() -> int:
         count = 0
-        while not scheduler.should_draft(0, 100):
+        while scheduler.pick(one, 100) is None:
             scheduler.skipped()
             count += 1
         return count
@@ -139,8 +141,37 @@ def test_a_skipping_scheduler_probes_with_a_growing_interval():
         gap = skips_before_a_probe()
         scheduler.record(scheduler.trim(draft, 100), accepted=0)
     assert gap == PROBE_AFTER[1]  # capped
-    full = VerifyScheduler(VerifyPolicy.parse("full"))
-    assert full.should_draft(0, 100)  # only the cost policy skips
+    assert not VerifyScheduler(VerifyPolicy.parse("full")).prices_drafts  # only cost skips
+
+
+def _history(scheduler, bucket: int, accepted: int, steps: int = 30) -> None:
+    """`steps` finished drafts of `bucket`, 4 verified, `accepted` of them accepted."""
+    for _ in range(steps):
+        draft = Draft(tokens=torch.zeros(1, 4, dtype=torch.long), bucket=bucket)
+        scheduler.record(draft, accepted)
+
+
+def test_the_scheduler_picks_the_faster_option_or_none():
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import VerifyScheduler
+
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.7, 2.0),), draft_seconds=0.0)
+    two = (DraftOption(0, seconds=0.3), DraftOption(1, seconds=0.9))
+
+    def picks(accepted_a: int, accepted_b: int, options=two) -> int | None:
+        scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+        _history(scheduler, 0, accepted_a)
+        _history(scheduler, 1, accepted_b)
+        return scheduler.pick(options, 100)
+
+    assert picks(4, 0) == 0
+    assert picks(0, 4) == 1  # the slower drafter, when it is the one accepted
+    assert picks(3, 3) == 0  # equal acceptance: the cheaper one
+    assert picks(0, 0) is None  # neither pays: a plain step
+    # the drafter's own time decides: drafter 1 at a third of the cost now wins
+    assert picks(3, 3, (DraftOption(0, seconds=0.9), DraftOption(1, seconds=0.3))) == 1
 
 
 @pytest.mark.slow

@@ -90,6 +90,27 @@ def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_tap
         assert d.cache.length == session.cache.length
 
 
+def test_stacked_skips_drafting_when_neither_drafter_pays(
+    tiny_qwen3_deep, tiny_dflash, dspark_other_taps
+):
+    from specgen.drafting.stacked import StackedMethod
+    from specgen.scheduling.cost import CostTable
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    want = ar.generate("The quick brown fox", raw=True, max_new_tokens=40).token_ids
+    loaded = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, trace=True)
+    # random drafters are rarely right, and here each costs as much as a verify step
+    steps = (1.0,) + (1.1,) * 7
+    method = StackedMethod(loaded.method.names, loaded.method.methods, (1.0, 1.0), steps)
+    costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=1.0)
+    pipe = Pipeline(ar.model, ar.codec, ar.name, ar.context, loaded.spec, costs, method)
+    got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
+    assert got.token_ids == want
+    trace = got.stats.trace[1:]
+    assert trace[0]["draft"]  # the prior drafts first
+    assert sum(1 for r in trace if not r["draft"]) > len(trace) // 2  # then mostly skips
+
+
 def test_stacked_stats_in_json(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
     args = ["generate", "The quick brown fox", "--model", str(tiny_qwen3_deep), "--json",
             "--device", "cpu", "--dtype", "float32", "-n", "24",

@@ -62,13 +62,23 @@ class Draft:
         )
 
 
+@dataclass(frozen=True)
+class DraftOption:
+    """A kind of draft a drafter can make: the bucket its drafts are tracked in, and its
+    time per step (None: the cost table's, measured for the drafter as a whole)."""
+
+    bucket: int = 0
+    seconds: float | None = None
+
+
 class Drafter(Protocol):
     taps: tuple[int, ...]  # target layers whose hidden states `observe` needs
     max_draft_tokens: int  # the longest draft `propose` returns
 
-    # Optional: `steady_bucket: int`, for a drafter whose drafts always fall in one bucket
-    # and carry no confidence. The scheduler can then judge before drafting whether a
-    # draft is expected to pay for its own cost, and skip it when not (engine/loop.py).
+    # Optional: `options: tuple[DraftOption, ...]`, the kinds of draft it can make before
+    # drafting (each one bucket). The cost scheduler then judges before drafting whether a
+    # draft is expected to pay for its own cost, picks the best option or a plain decoding
+    # step (engine/loop.py), and tells a drafter of several options with `select(bucket)`.
 
     def rollback(self, length: int) -> None:
         """Forget the context from position `length` on (mirrors the target cache)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.drafting.base import Draft, empty_draft, register
+from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -79,7 +79,7 @@ class DFlashMethod:
 
 
 class DFlashDrafter:
-    steady_bucket = 0  # one kind of draft, no confidences: skippable by the scheduler
+    options = (DraftOption(),)  # one kind of draft: the scheduler may skip it when it won't pay
 
     def __init__(self, method: DFlashMethod, capacity: int) -> None:
         self.net, self.target = method.net, method.target

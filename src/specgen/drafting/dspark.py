@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.drafting.base import Draft, empty_draft, register
+from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
@@ -162,6 +162,10 @@ class DSparkMethod:
 
 
 class DSparkDrafter:
+    # one kind of draft. Its confidences come only with the draft, which costs a drafter
+    # forward; whether to draft at all is judged from earlier steps' acceptance instead.
+    options = (DraftOption(),)
+
     def __init__(self, method: DSparkMethod, capacity: int) -> None:
         self.method = method
         self.net, self.target = method.net, method.target

@@ -2,11 +2,15 @@
 
 One capture of target features feeds both: the target taps the union of their layers
 and each drafter's context cache is extended with every committed token (and rolled back
-with the target), so either can draft the next step. Each step the selector
-(`scheduling/selector.py`) picks one from the record of earlier steps and the measured
-costs; the chosen drafter's draft goes through the shared verifier, and a DSpark draft
-keeps its confidences, so the verify-length scheduler still trims it. The selection never
-looks at the tokens it will be judged on, so the output is exact.
+with the target), so either can draft the next step. Under the cost policy the scheduler
+picks, before each step, the drafter with the best expected tokens per second from its
+per-position acceptance on earlier steps and its own measured draft time, or no draft at
+all when neither is expected to beat a plain decoding step (`VerifyScheduler.pick`); the
+drafters are its two options, buckets 0 and 1. Under the other policies the selector
+(`scheduling/selector.py`) picks from committed tokens per step. The chosen drafter's
+draft goes through the shared verifier, and a DSpark draft keeps its confidences, so the
+verify-length scheduler still trims it. The choice never looks at the tokens it will be
+judged on, so the output is exact.
 
 The two are found by their checkpoints' kinds (any two different registered drafter
 methods); each is validated against the target as it would be alone.
@@ -20,7 +24,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.drafting.base import DRAFTERS, Draft, DraftMethod, method_of, register
+from specgen.drafting.base import (
+    DRAFTERS,
+    Draft,
+    DraftMethod,
+    DraftOption,
+    method_of,
+    register,
+)
 from specgen.errors import CheckpointError, SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.scheduling.cost import cached_costs
@@ -113,9 +124,17 @@ class StackedDrafter:
         self.records = tuple(DrafterRecord() for _ in self.drafters)
         self.step = 0
         self._pending: tuple[int, int] | None = None  # (drafter, draft length) in flight
+        self._selected: int | None = None  # picked by the scheduler for the next draft
+        self.options = tuple(
+            DraftOption(bucket=i, seconds=s) for i, s in enumerate(method.draft_seconds)
+        )
+
+    def select(self, bucket: int) -> None:
+        """The scheduler's pick for the next `propose` (an option's bucket: the drafter)."""
+        self._selected = bucket
 
     def rollback(self, length: int) -> None:
-        self._pending = None  # an interrupted step is not evidence about anyone
+        self._pending = self._selected = None  # an interrupted step is evidence of nothing
         for d in self.drafters:
             d.rollback(length)
 
@@ -135,12 +154,15 @@ class StackedDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         self.step += 1
-        chosen = choose_drafter(
-            self.records,
-            step=self.step,
-            draft_seconds=self.method.draft_seconds,
-            step_seconds=self.method.step_seconds,
-        )
+        chosen = self._selected
+        if chosen is None:  # no cost scheduler picked: the selector's choice
+            chosen = choose_drafter(
+                self.records,
+                step=self.step,
+                draft_seconds=self.method.draft_seconds,
+                step_seconds=self.method.step_seconds,
+            )
+        self._selected = None
         draft = self.drafters[chosen].propose(anchor, max_tokens, params, generator)
         self._pending = (chosen, draft.length)
         return replace(draft, bucket=chosen, source=self.method.names[chosen])

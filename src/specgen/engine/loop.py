@@ -10,8 +10,9 @@
 Every step commits a + 1 tokens. Stop tokens inside the committed run cut the output there;
 `max_new_tokens` caps the draft length so no step overshoots; the draft also shrinks to
 fit the context, and when no room is left for the next anchor the answer ends with finish
-"context". The scheduler may skip drafting when a draft is not expected to pay for itself
-(a plain decoding step; decided from earlier steps only). Nothing here looks at the tokens
+"context". Before drafting, the cost scheduler may pick which kind of draft to make (the
+stacked drafters) or skip drafting when no draft is expected to pay for itself (a plain
+decoding step); it decides from earlier steps only. Nothing here looks at the tokens
 it is judging before verifying them, so greedy output equals `generate_ar`'s and sampled
 output has the target's distribution.
 """
@@ -76,11 +77,14 @@ def generate_speculative(
     yield StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
     while finish is None:
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
-        if room > 0 and scheduler is not None:
-            bucket = getattr(drafter, "steady_bucket", None)
-            if not scheduler.should_draft(bucket, cache.length):
+        options = getattr(drafter, "options", ())
+        if room > 0 and options and scheduler is not None and scheduler.prices_drafts:
+            bucket = scheduler.pick(options, cache.length)
+            if bucket is None:
                 room = 0  # not expected to pay: a plain decoding step
                 scheduler.skipped()
+            elif len(options) > 1:
+                drafter.select(bucket)
         proposal = (
             drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
         )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from specgen.drafting.base import Draft
+from collections.abc import Sequence
+
+from specgen.drafting.base import Draft, DraftOption
 from specgen.scheduling.acceptance import AcceptanceTracker
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.verify_length import (
     VerifyDecision,
     choose_verify_length,
+    drafting_rate,
     full_length,
     threshold_length,
-    worth_drafting,
 )
 
 DEFAULT_POSITIONS = 16  # acceptance positions tracked when no cost table bounds them
@@ -31,6 +33,7 @@ class VerifyScheduler:
         self._skips = 0  # consecutive skipped drafts
         self._probe_after = PROBE_AFTER[0]
         self._probing = False
+        self._draft_seconds: dict[int, float] = {}  # per bucket, from the options seen
 
     def decide(self, draft: Draft, context: int) -> VerifyDecision:
         """How many of `draft`'s tokens to verify. `context`: tokens in the target cache."""
@@ -49,27 +52,39 @@ class VerifyScheduler:
         return choose_verify_length(
             conditional,
             step_seconds=self.costs.step_seconds(context),
-            draft_seconds=self.costs.draft_seconds,
+            draft_seconds=self._draft_seconds.get(draft.bucket, self.costs.draft_seconds),
         )
 
-    def should_draft(self, bucket: int | None, context: int) -> bool:
-        """Before drafting (cost policy, drafters with a `steady_bucket`): whether a draft is
-        expected to pay for the drafter's own time. When it is not, the step is a plain
-        decoding step (call `skipped`). A skipped step teaches nothing about acceptance, so
-        after a run of skips one probe draft is verified anyway (`PROBE_LENGTH` tokens);
-        the run before the next probe doubles while probes fail, up to `PROBE_AFTER[1]`."""
-        if bucket is None or self.policy.kind != "cost" or self.costs is None:
-            return True
-        rates = self.tracker.rates(bucket, self.costs.max_drafts)
-        worth = worth_drafting(
-            rates,
-            step_seconds=self.costs.step_seconds(context),
-            draft_seconds=self.costs.draft_seconds,
-        )
-        if worth or self._skips < self._probe_after:
-            return worth
+    @property
+    def prices_drafts(self) -> bool:
+        """Whether this scheduler weighs a draft's expected gain against its cost (the cost
+        policy with a cost table), and so may pick drafters or skip drafting (`pick`)."""
+        return self.policy.kind == "cost" and self.costs is not None
+
+    def pick(self, options: Sequence[DraftOption], context: int) -> int | None:
+        """Before drafting (`prices_drafts` only): the bucket of the option with the best
+        expected tokens per second, or None when no option is expected to beat a plain
+        decoding step (then call `skipped`). Estimates come from earlier steps only, so
+        whether and with what to draft never depends on the tokens being judged.
+
+        A skipped step teaches nothing about acceptance, so after a run of skips one probe
+        draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens); the
+        run before the next probe doubles while probes fail, up to `PROBE_AFTER[1]`."""
+        assert self.costs is not None and options
+        steps = self.costs.step_seconds(context)
+        rates = []
+        for option in options:
+            seconds = self.costs.draft_seconds if option.seconds is None else option.seconds
+            self._draft_seconds[option.bucket] = seconds
+            conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
+            rates.append(drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds))
+        best = max(range(len(options)), key=lambda i: (rates[i], -i))
+        if rates[best] > 1.0 / steps[0]:
+            return options[best].bucket
+        if self._skips < self._probe_after:
+            return None
         self._probing = True
-        return True
+        return options[best].bucket
 
     def skipped(self) -> None:
         self._skips += 1

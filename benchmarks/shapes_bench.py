@@ -9,6 +9,7 @@ Builds the target from a real config.json with random weights, plus a DFlash dra
 - the AR step (one token) and verify steps over 1..16 tokens at each context;
 - AR memory-bandwidth utilisation (bytes a step must read / step time / peak bandwidth);
 - each drafter's time per step (propose + observe);
+- the AR and verify steps again through `GraphedForward` (CUDA graphs on CUDA);
 - projected tokens/s = published τ / (draft + verify step time), labelled as projected:
   τ from the DSpark paper's Table 1 (Qwen3-4B/8B, γ = 7, T = 1; DFlash there is the
   paper's block-7 baseline; see research/dspark.md §5.1), which is a per-step figure
@@ -92,6 +93,38 @@ def build(target_cfg: dict, device: str, dtype: torch.dtype):
     }
 
 
+def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -> dict:
+    """Step time over T tokens through `GraphedForward`: replayed CUDA graphs on CUDA (the
+    eager static path elsewhere), after a prefill of `context` random tokens."""
+    from specgen.engine.cuda_graphs import GraphedForward
+
+    cache = target.new_cache(context + max(sizes) + 1)
+    forward = GraphedForward(
+        target, cache, max_tokens=max(sizes), capture=target.device.type == "cuda"
+    )
+    ids = torch.randint(0, target.args.vocab_size, (1, context), device=target.device)
+    target(ids, cache, num_logits=1)
+    times = {}
+    for t in sizes:
+        block = ids[:, :t]
+        for _ in range(3):  # the first call captures
+            forward(block, cache)
+            cache.rollback(context)
+        _sync(target.device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            forward(block, cache)
+            cache.rollback(context)
+        _sync(target.device)
+        times[t] = (time.perf_counter() - start) / repeats
+    return times
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, action="append", default=[])
@@ -124,6 +157,7 @@ def main() -> None:
             if peak:
                 util = utilisation(bytes_per_step(target.args, params, dtype.itemsize, c), ar, peak)
             drafts = {k: measure_draft_seconds(m, target, context=c) for k, m in methods.items()}
+            graphed = graphed_seconds(target, c)
             projected = {}
             for kind, tau in PUBLISHED_TAU.get(name, {}).items():
                 drafted = 15 if kind == "dflash" else 7  # block 16 (slot 0 = anchor) / γ 7
@@ -138,11 +172,16 @@ def main() -> None:
                 "draft_ms": {k: v * 1e3 for k, v in drafts.items()},
                 "draft_over_ar": {k: v / ar for k, v in drafts.items()},
                 "projected_tokens_per_second": projected,
+                # eager: verify_ms above; graphed: the same steps replayed as CUDA graphs
+                "graphed_step_ms": {str(t): v * 1e3 for t, v in graphed.items()},
+                "graphed_ar_tokens_per_second": 1 / graphed[1],
+                "graphed_verify16_over_ar": graphed[16] / graphed[1],
             }
             util_text = f"{util:.0%}" if util is not None else "n/a"
             print(
                 f"{name} ctx {c}: AR {ar * 1e3:.2f} ms ({1 / ar:.0f} tok/s, {util_text} of "
-                f"roofline) · verify16/AR {seconds[15] / ar:.2f} · "
+                f"roofline) · verify16/AR {seconds[15] / ar:.2f} · graphed AR "
+                f"{graphed[1] * 1e3:.2f} ms, verify16/AR {graphed[16] / graphed[1]:.2f} · "
                 + " · ".join(f"{k} draft/AR {v / ar:.2f}" for k, v in drafts.items())
                 + " · projected "
                 + ", ".join(

@@ -59,3 +59,19 @@ def test_seeded_sampling_is_reproducible_on_cuda(cuda_ar, tiny_dspark):
     b = pipe.generate("The quick brown fox", sampling=params, max_new_tokens=24)
     assert a.token_ids == b.token_ids
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("name", ["ar", "dflash", "dspark"])
+def test_cuda_graphs_replay_the_eager_steps(cuda_ar, tiny_dflash, tiny_dspark, name):
+    from dataclasses import replace
+
+    spec = SpecConfig() if name == "ar" else _specs(tiny_dflash, tiny_dspark)[name]
+    graphed = cuda_ar.with_spec(replace(spec, cuda_graphs=True))
+    eager = cuda_ar.with_spec(replace(spec, cuda_graphs=False))
+    for prompt in PROMPTS:
+        session = graphed.new_session()
+        got = graphed.generate(prompt, max_new_tokens=32, session=session)
+        want = eager.generate(prompt, max_new_tokens=32, session=eager.new_session())
+        assert got.token_ids == want.token_ids
+        assert session.forward.captured > 0  # the steps really ran as graphs
+    assert eager.new_session().forward is eager.model

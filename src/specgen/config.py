@@ -173,6 +173,8 @@ class SpecConfig:
     `engine` is "overlap" (decoding in a compute thread, one or two steps ahead of the
     caller's detokenizing and rendering), "sync" (the plain loop) or "auto" (overlap on
     CUDA, sync on the CPU, where torch runs slower from a second thread); same tokens.
+    `cuda_graphs` replays the target's decode and verify steps as CUDA graphs on a CUDA
+    device (engine/cuda_graphs.py); False keeps the eager forward. Ignored on the CPU.
     """
 
     method: str = "ar"
@@ -182,6 +184,7 @@ class SpecConfig:
     verify_policy: VerifyPolicy | str = field(default_factory=VerifyPolicy)
     trace: bool = False
     engine: str = "auto"
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.drafter, list | tuple):  # one drafter is a plain string

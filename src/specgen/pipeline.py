@@ -229,14 +229,15 @@ class Pipeline:
 
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
+        graphs = self.spec.cuda_graphs and self.model.device.type == "cuda"
         if self.method is None:
-            return Session(self.model, self.context)
+            return Session(self.model, self.context, graphs=graphs)
         drafter = self.method.new_drafter(self.context)
         policy = self.spec.verify_policy
         scheduler = None  # every draft verified whole
         if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
             scheduler = VerifyScheduler(policy, self.costs)
-        return Session(self.model, self.context, drafter, scheduler)
+        return Session(self.model, self.context, drafter, scheduler, graphs=graphs)
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
@@ -289,7 +290,7 @@ class Pipeline:
 
             def make_events() -> Iterator[StepEvent]:
                 return generate_ar(
-                    self.model,
+                    session.forward,
                     session.cache,
                     new_ids,
                     params=params,
@@ -300,7 +301,7 @@ class Pipeline:
 
             def make_events() -> Iterator[StepEvent]:
                 return generate_speculative(
-                    self.model,
+                    session.forward,
                     session.cache,
                     session.drafter,
                     new_ids,

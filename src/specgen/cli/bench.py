@@ -12,6 +12,7 @@ from specgen.cli.common import quiet_libraries, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
     ContextOpt,
+    CudaGraphsOpt,
     DebugOpt,
     DeviceOpt,
     DtypeOpt,
@@ -66,6 +67,7 @@ def bench(
     ] = None,
     verify_policy: VerifyPolicyOpt = "cost",
     engine: EngineOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = True,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     context: ContextOpt = None,
@@ -91,8 +93,9 @@ def bench(
         sampling = sampling_options(max_new_tokens, temperature, 0, 1.0, seed)
         prompts = load_suite(suite, num_prompts)
         pipes = _pipelines(
-            model, methods, drafter or [], verify_policy, engine, device, dtype, context, quiet
-        )
+            model, methods, drafter or [], verify_policy, device, dtype, context, quiet,
+            engine=engine, cuda_graphs=cuda_graphs,
+        )  # fmt: skip
         total = len(prompts) * len(pipes)
         with display.progress(total, "benchmarking", disable=quiet) as advance:
             result = run_bench(
@@ -115,6 +118,7 @@ def bench(
             "repeats": repeats,
             "verify_policy": verify_policy,
             "engine": engine,
+            "cuda_graphs": cuda_graphs and ar.model.device.type == "cuda",
         }
         summary = summarize(result, meta)
         summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result)
@@ -153,8 +157,9 @@ def _ar_roofline(ar, result) -> float | None:
     return round(sum(shares) / len(shares), 4)
 
 
-def _pipelines(model, methods, drafters, policy, engine, device, dtype, context, quiet):
-    """The AR pipeline and one per method, all on one loaded target."""
+def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, **run):
+    """The AR pipeline and one per method, all on one loaded target. `run`: the engine
+    and CUDA-graph settings, the same for every method."""
     from specgen.config import SpecConfig
     from specgen.drafting import DRAFTERS, method_of
     from specgen.hub import resolve_drafter
@@ -184,7 +189,7 @@ def _pipelines(model, methods, drafters, policy, engine, device, dtype, context,
         device=device,
         dtype=dtype,
         context=context,
-        spec=SpecConfig(engine=engine),
+        spec=SpecConfig(**run),
         notify=notify,
     )
     pipes = {"ar": base}
@@ -196,8 +201,6 @@ def _pipelines(model, methods, drafters, policy, engine, device, dtype, context,
                 Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
             )
             continue
-        spec = SpecConfig(
-            method=name, drafter=by_method.get(name), verify_policy=policy, engine=engine
-        )
+        spec = SpecConfig(method=name, drafter=by_method.get(name), verify_policy=policy, **run)
         pipes[name] = base.with_spec(spec, notify=notify)
     return pipes

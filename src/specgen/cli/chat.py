@@ -17,6 +17,7 @@ from specgen.cli.options import (
     DEFAULT_MODEL,
     BlockSizeOpt,
     ContextOpt,
+    CudaGraphsOpt,
     DebugOpt,
     DeviceOpt,
     DrafterOpt,
@@ -82,6 +83,7 @@ def chat(
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
     engine: EngineOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = True,
     max_new_tokens: MaxNewTokensOpt = 512,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -105,6 +107,7 @@ def chat(
             block_size=block_size,
             verify_policy=verify_policy,
             engine=engine,
+            cuda_graphs=cuda_graphs,
         )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet

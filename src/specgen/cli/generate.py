@@ -14,6 +14,7 @@ from specgen.cli.options import (
     DEFAULT_MODEL,
     BlockSizeOpt,
     ContextOpt,
+    CudaGraphsOpt,
     DebugOpt,
     DeviceOpt,
     DrafterOpt,
@@ -76,6 +77,7 @@ def generate(
     block_size: BlockSizeOpt = None,
     verify_policy: VerifyPolicyOpt = "cost",
     engine: EngineOpt = "auto",
+    cuda_graphs: CudaGraphsOpt = True,
     max_new_tokens: MaxNewTokensOpt = 256,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -104,6 +106,7 @@ def generate(
             verify_policy=verify_policy,
             trace=trace,
             engine=engine,
+            cuda_graphs=cuda_graphs,
         )
         pipe = load_pipeline(
             model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet

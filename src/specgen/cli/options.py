@@ -100,6 +100,13 @@ EngineOpt = Annotated[
         "loop), or auto (overlap on CUDA, sync on the CPU).",
     ),
 ]
+CudaGraphsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cuda-graphs/--no-cuda-graphs",
+        help="On CUDA, replay decode and verify steps as CUDA graphs (off: eager forward).",
+    ),
+]
 ShowDraftsOpt = Annotated[
     bool,
     typer.Option("--show-drafts", help="Live view: colour text from accepted draft tokens (cyan)."),

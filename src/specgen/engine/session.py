@@ -9,6 +9,7 @@ K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
 from __future__ import annotations
 
 from specgen.drafting.base import Drafter
+from specgen.engine.cuda_graphs import GraphedForward
 from specgen.models.kv_cache import ContextLimitError
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
@@ -21,8 +22,16 @@ class Session:
         capacity: int,
         drafter: Drafter | None = None,
         scheduler: VerifyScheduler | None = None,
+        *,
+        graphs: bool = False,
     ) -> None:
         self.cache = model.new_cache(capacity)
+        # what the decoding loops call for target forwards: the model itself, or its decode
+        # and verify steps as CUDA graphs bound to this session's cache
+        self.forward: Transformer | GraphedForward = model
+        if graphs:
+            max_tokens = 1 + (drafter.max_draft_tokens if drafter is not None else 0)
+            self.forward = GraphedForward(model, self.cache, max_tokens=max_tokens, capture=True)
         self.drafter = drafter  # its context mirrors the cache: rolled back with it
         self.scheduler = scheduler  # acceptance estimates of this conversation
         self.ids: list[int] = []  # tokens whose K/V are in the cache, in order

@@ -24,7 +24,8 @@ import os
 
 import torch
 
-from specgen.kernels import triton_available
+from specgen.kernels import backend, triton_available
+from specgen.kernels.attention import attention
 
 
 def block_attention_torch(
@@ -48,6 +49,34 @@ def block_attention_torch(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return (scores.softmax(-1) @ values).to(q.dtype)
+
+
+def block_attention_masked(
+    q: torch.Tensor,  # [B, nq, T, d]
+    k: torch.Tensor,  # [B, nkv, capacity, d]
+    v: torch.Tensor,  # [B, nkv, capacity, d]
+    length: torch.Tensor,  # [1] int32
+    causal: bool,
+) -> torch.Tensor:  # [B, nq, T, d]
+    """The same op in torch with no host sync (unlike the reference): it attends over the
+    whole capacity with a mask built on the device, so it can be captured in a CUDA graph.
+    Positions past `length` get weight 0, so they must hold finite numbers (a zeroed or
+    once-written cache), since 0 * NaN is NaN."""
+    t, capacity = q.shape[2], k.shape[2]
+    keys = torch.arange(capacity, device=q.device)
+    last = length.long() - 1  # [1]: the last valid position
+    if causal:  # query i sits at length - T + i
+        last = last - (t - 1) + torch.arange(t, device=q.device)
+    mask = keys[None, :] <= last.expand(t)[:, None]  # [T, capacity]
+    return attention(q, k, v, mask, causal=False)
+
+
+def block_attention(q, k, v, length, causal) -> torch.Tensor:
+    """Dispatch: the Triton kernel on CUDA with the Triton backend, else the masked torch
+    form (both read `length` from device memory)."""
+    if q.is_cuda and backend() == "triton":
+        return block_attention_triton(q, k, v, length, causal)
+    return block_attention_masked(q, k, v, length, causal)
 
 
 if triton_available():

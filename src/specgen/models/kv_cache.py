@@ -56,6 +56,28 @@ class StaticKVCache:
         self._written = end
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def reserve(self, tokens: int) -> int:
+        """Claim [length, length + tokens) for a write through `write_at` (whose positions
+        live on the device); returns the start. The caller commits as after `write`."""
+        start, end = self.length, self.length + tokens
+        if end > self.capacity:
+            raise ContextLimitError(
+                f"context limit reached: {end} tokens do not fit in {self.capacity}"
+            )
+        self._written = end
+        return start
+
+    def write_at(
+        self,
+        layer: int,
+        positions: torch.Tensor,  # [T] int64 on the device, inside a `reserve`d range
+        k: torch.Tensor,  # [B, n_kv, T, d]
+        v: torch.Tensor,  # [B, n_kv, T, d]
+    ) -> None:
+        """Store K/V at positions held in device memory (no host value: graph-capturable)."""
+        self.k[layer].index_copy_(2, positions, k)
+        self.v[layer].index_copy_(2, positions, v)
+
     def commit(self, length: int) -> None:
         """Make the first `length` positions valid; they must have been written."""
         if not self.length <= length <= self._written:

@@ -19,6 +19,7 @@ from torch import nn
 
 from specgen.config import ModelArgs
 from specgen.kernels.attention import attention
+from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.qk_rope import qk_norm_rope
 from specgen.kernels.rmsnorm import add_rms_norm
@@ -85,23 +86,48 @@ class DecoderLayer(nn.Module):
         mask: torch.Tensor | None,  # [T, L+T] bool, None when every key is visible
         causal: bool,
     ) -> torch.Tensor:  # [B, T, H]
+        q, k, v = self._qkv(x, cos, sin)
+        keys, values = cache.write(layer_id, k, v)
+        return self._output(x, attention(q, keys, values, mask, causal))
+
+    def forward_static(
+        self,
+        x: torch.Tensor,  # [B, T, H]
+        cos: torch.Tensor,  # [T, d]
+        sin: torch.Tensor,  # [T, d]
+        cache: StaticKVCache,
+        layer_id: int,
+        positions: torch.Tensor,  # [T] int64, on the device
+        length: torch.Tensor,  # [1] int32: positions[-1] + 1
+    ) -> torch.Tensor:  # [B, T, H]
+        """`forward` with the positions in device memory: no host value, no shape that
+        depends on the cache length, so a CUDA graph of it replays at any length."""
+        q, k, v = self._qkv(x, cos, sin)
+        cache.write_at(layer_id, positions, k, v)
+        out = block_attention(q, cache.k[layer_id], cache.v[layer_id], length, causal=True)
+        return self._output(x, out)
+
+    def _qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [B, n, T, d] each, q and k roped
         a = self.args
-        eps = a.rms_norm_eps
         bsz, t, _ = x.shape
-        h = rms_norm(x, self.attn_norm, eps)
+        h = rms_norm(x, self.attn_norm, a.rms_norm_eps)
         qkv = linear(h, self.wqkv, self.bqkv)
         nq, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
         v = qkv[..., (nq + nkv) * d :].view(bsz, t, nkv, d).transpose(1, 2)
         qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
         if self.q_norm is not None:  # q and k heads together: one set of ops (or one kernel)
-            qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, eps)
+            qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, a.rms_norm_eps)
         else:
             qk = apply_rope(qk, cos, sin)
-        q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)
-        keys, values = cache.write(layer_id, k, v)
-        out = attention(q, keys, values, mask, causal)
+        return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), v
+
+    def _output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # [B, T, H]
+        """Output projection, residual, MLP: what follows attention (`out`: [B, nq, T, d])."""
+        bsz, t, _ = x.shape
         attn = linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
-        h, x = add_rms_norm(attn, self.ffn_norm, eps, residual=x)  # fused on CUDA + Triton
+        h, x = add_rms_norm(attn, self.ffn_norm, self.args.rms_norm_eps, residual=x)
         gate, up = linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.w_down, self.b_down)
 
@@ -207,6 +233,30 @@ class Transformer(nn.Module):
         cache.commit(start + t)
         if num_logits is not None:
             x = x[:, -num_logits:]
+        return ForwardOutput(logits=self.logits(x), taps=tapped)
+
+    @torch.inference_mode()
+    def forward_static(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        cache: StaticKVCache,
+        start: torch.Tensor,  # [1] int64 on the device: the position of the first token
+        *,
+        taps: tuple[int, ...] = (),
+    ) -> ForwardOutput:
+        """`forward` for decode and verify steps, reading the position from device memory
+        (engine/cuda_graphs.py captures it once per T and replays it at every length).
+        The caller checks the capacity and commits: it knows the length on the host."""
+        t = tokens.shape[1]
+        positions = start + torch.arange(t, device=tokens.device)
+        length = (positions[-1:] + 1).to(torch.int32)
+        cos, sin = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+        x = self.embed_tokens(tokens)
+        tapped: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_static(x, cos, sin, cache, i, positions, length)
+            if i in taps:
+                tapped[i] = x
         return ForwardOutput(logits=self.logits(x), taps=tapped)
 
 

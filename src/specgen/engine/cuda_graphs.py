@@ -1,0 +1,132 @@
+"""The target's forward for the decoding loops, with decode and verify steps as CUDA graphs.
+
+A decode step of a 4-8B model is ~36 layers x ~12 kernels: launched one by one from Python
+that is several milliseconds of host time, more than the step's own GPU time at bf16
+(about 3 ms for Qwen3-8B's 16 GB of weights at 4.8 TB/s). A CUDA graph replays all of them
+with one launch. A graph bakes in every shape and pointer, so a step of T tokens is
+captured once per T (1: AR decode, 1 + l: a verify of l drafts) over `forward_static`,
+which reads its position from a device tensor, writes K/V with `index_copy_` and attends
+with a mask (or the Triton kernel) computed from that tensor: the same graph serves every
+cache length. Inputs are copied into the graph's static buffers before a replay; outputs
+are copied out after it, so the next replay cannot overwrite what a caller still holds.
+
+Prefills (any step on an empty cache or with `num_logits`), padded batches and steps
+longer than `max_tokens` run the ordinary eager forward. `capture=False` runs the same
+static path eagerly: that is how the CPU tests it, and what `--no-cuda-graphs` avoids (it
+keeps the plain eager forward instead). The graphs belong to one cache: a session's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.models.kv_cache import StaticKVCache
+from specgen.models.transformer import ForwardOutput, Transformer
+
+WARMUP_RUNS = 2  # eager runs on a side stream before capture (allocator and autotune warm-up)
+
+
+class _Step:
+    """One step size: static inputs, and the graph (or eager call) that fills the outputs."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: StaticKVCache,
+        tokens: torch.Tensor,  # [1, T]: the first call's, also used to warm up
+        start: int,
+        taps: tuple[int, ...],
+        pool,
+    ) -> None:
+        self.tokens = tokens.clone()
+        self.start = torch.tensor([start], dtype=torch.long, device=tokens.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+        def run() -> ForwardOutput:
+            return model.forward_static(self.tokens, cache, self.start, taps=taps)
+
+        self._run = run
+        if pool is None:
+            return
+        # Warm-up and capture write K/V at [start, start + T): the range this call reserved,
+        # and which the replay below overwrites with the same values.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = run()
+
+    def __call__(self, tokens: torch.Tensor, start: int) -> ForwardOutput:
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.start.fill_(start)
+        if self.graph is None:
+            return self._run()
+        self.graph.replay()
+        return ForwardOutput(
+            logits=self.out.logits.clone(),
+            taps={i: h.clone() for i, h in self.out.taps.items()},
+        )
+
+
+class GraphedForward:
+    """Called like `Transformer` by the decoding loops; owns one session's step graphs."""
+
+    def __init__(
+        self, model: Transformer, cache: StaticKVCache, *, max_tokens: int, capture: bool
+    ) -> None:
+        if capture and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.model, self.cache = model, cache
+        self.max_tokens = max_tokens  # the longest step graphed: 1 + the most drafts
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._steps: dict[tuple[int, tuple[int, ...]], _Step] = {}
+        # the masked attention weighs dead positions by 0, so they must hold finite values
+        # (an empty cache may hold any bit pattern, NaN included)
+        cache.k.zero_()
+        cache.v.zero_()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def captured(self) -> int:
+        """Step sizes captured so far (0 when running eagerly)."""
+        return sum(1 for s in self._steps.values() if s.graph is not None)
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        cache: StaticKVCache,
+        *,
+        taps: tuple[int, ...] = (),
+        num_logits: int | None = None,
+        pad: torch.Tensor | None = None,
+    ) -> ForwardOutput:
+        t = tokens.shape[1]
+        static = (
+            cache is self.cache
+            and tokens.shape[0] == 1
+            and 1 <= t <= self.max_tokens
+            and cache.length > 0
+            and num_logits is None
+            and pad is None
+        )
+        if not static:  # a prefill or anything unusual: the eager forward
+            return self.model(tokens, cache, taps=taps, num_logits=num_logits, pad=pad)
+        start = cache.reserve(t)
+        key = (t, tuple(taps))
+        step = self._steps.get(key)
+        if step is None:
+            step = self._steps[key] = _Step(self.model, cache, tokens, start, key[1], self._pool)
+        out = step(tokens, start)
+        cache.commit(start + t)
+        return out

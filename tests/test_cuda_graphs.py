@@ -1,0 +1,85 @@
+"""The graph-capturable step path (engine/cuda_graphs.py) on the CPU: the same code a CUDA
+graph captures, run eagerly, must give the eager forward's logits and the same tokens.
+The capture itself is tested on CUDA (tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.config import SamplingParams, SpecConfig
+from specgen.engine.cuda_graphs import GraphedForward
+from specgen.kernels.block_attention import block_attention_masked, block_attention_torch
+from specgen.models.loading import load_target
+from specgen.pipeline import Pipeline
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t, n", [(1, 1), (1, 37), (6, 40), (16, 100)])
+def test_masked_block_attention_is_the_reference(causal, t, n):
+    gen = torch.Generator().manual_seed(n + t)
+    q = torch.randn(1, 8, t, 16, generator=gen)
+    k, v = (torch.randn(1, 2, 100, 16, generator=gen) for _ in range(2))
+    length = torch.tensor([n], dtype=torch.int32)
+    want = block_attention_torch(q, k, v, length, causal)
+    got = block_attention_masked(q, k, v, length, causal)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_static_forward_is_the_forward(tiny_qwen3_deep):
+    model = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    prompt = torch.tensor([[5, 9, 2, 7, 1, 3]])
+    block = torch.tensor([[4, 8, 6, 2]])
+    eager, static = model.new_cache(32), model.new_cache(32)
+    static.k.zero_(), static.v.zero_()
+    model(prompt, eager, num_logits=1)
+    model(prompt, static, num_logits=1)
+    for t in (1, 4):  # a decode step, then a verify block
+        want = model(block[:, :t], eager, taps=(0, 2))
+        start = static.reserve(t)
+        got = model.forward_static(block[:, :t], static, torch.tensor([start]), taps=(0, 2))
+        static.commit(start + t)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        for layer in (0, 2):
+            torch.testing.assert_close(got.taps[layer], want.taps[layer], rtol=1e-5, atol=1e-5)
+    assert static.length == eager.length
+
+
+def _static_session(pipe: Pipeline):
+    session = pipe.new_session()
+    max_tokens = 1 + (session.drafter.max_draft_tokens if session.drafter else 0)
+    session.forward = GraphedForward(
+        pipe.model, session.cache, max_tokens=max_tokens, capture=False
+    )
+    return session
+
+
+@pytest.mark.parametrize("method", ["ar", "dflash", "dspark"])
+def test_decoding_through_the_static_step_is_exact(
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, method
+):
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    drafter = {"ar": None, "dflash": str(tiny_dflash), "dspark": str(tiny_dspark)}[method]
+    pipe = ar if method == "ar" else ar.with_spec(SpecConfig(method=method, drafter=drafter))
+    session = _static_session(pipe)
+    for prompt in ("The quick brown fox", "one two one two one two"):  # the second: a chat turn
+        want = ar.generate(prompt, max_new_tokens=30, session=ar.new_session())
+        got = pipe.generate(prompt, max_new_tokens=30, session=session)
+        assert got.token_ids == want.token_ids
+    assert session.forward._steps  # the static path really ran
+    sampled = SamplingParams(temperature=0.9, top_k=20, seed=4)
+    want = pipe.generate(
+        "def add(a, b):", sampling=sampled, max_new_tokens=20, session=pipe.new_session()
+    )
+    got = pipe.generate(
+        "def add(a, b):", sampling=sampled, max_new_tokens=20, session=_static_session(pipe)
+    )
+    assert got.token_ids == want.token_ids
+
+
+def test_graphs_need_cuda(tiny_qwen3_deep):
+    model = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphedForward(model, model.new_cache(8), max_tokens=1, capture=True)
+    pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    assert pipe.new_session().forward is pipe.model  # never graphed on the CPU

@@ -192,3 +192,21 @@ def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
     trace = got.stats.trace[1:]
     assert trace[0]["draft"]  # the prior drafts first
     assert sum(1 for r in trace if not r["draft"]) > len(trace) // 2  # then mostly skips
+
+
+def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import VerifyScheduler
+
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    one = (DraftOption(),)
+    low = Draft(tokens=torch.zeros(1, 3, dtype=torch.long), confidence=torch.full((1, 3), 0.01))
+    assert scheduler.pick(one, 100) == 0  # the prior pays here
+    for _ in range(30):
+        trimmed = scheduler.trim(low, 100)
+        assert trimmed.length == 0  # its confidences say: verify nothing
+        scheduler.record(trimmed, accepted=0, proposed=low.length)
+    assert scheduler.pick(one, 100) is None  # drafting it stopped paying

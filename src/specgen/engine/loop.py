@@ -99,7 +99,7 @@ def generate_speculative(
         else:  # nothing to verify: a plain decoding step
             accepted, bonus = 0, int(sample(out.logits[:, -1], params, generator))  # sync
         if scheduler is not None:
-            scheduler.record(draft, accepted)
+            scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
         kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
         drafter.observe([anchor, *drafted[:accepted]], kept)

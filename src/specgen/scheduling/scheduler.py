@@ -98,9 +98,19 @@ class VerifyScheduler:
             return draft.truncated(PROBE_LENGTH)
         return draft.truncated(self.decide(draft, context).length)
 
-    def record(self, draft: Draft, accepted: int) -> None:
-        """After verification of `draft` (already trimmed): `accepted` tokens were accepted."""
-        self.tracker.record(draft.bucket, draft.length, accepted)
+    def record(self, draft: Draft, accepted: int, proposed: int | None = None) -> None:
+        """After verification of `draft` (already trimmed from `proposed` tokens): `accepted`
+        tokens were accepted.
+
+        A drafter with confidences is trimmed by them, never by these estimates, which then
+        serve only `pick`: whether drafting pays. So for it the estimates are of what a draft
+        realised, and a drafted position its confidences left unverified counts as a miss;
+        otherwise a drafter whose confidences keep trimming to nothing would keep looking as
+        good as the prior and keep paying for drafts that are never verified."""
+        verified = draft.length
+        if draft.confidence is not None and proposed is not None:
+            verified = max(verified, proposed)
+        self.tracker.record(draft.bucket, verified, accepted)
         if self._probing:
             failed = accepted == 0
             self._probe_after = (

@@ -144,9 +144,9 @@ def test_drafter_context_follows_the_target_cache(pipes):
     _, dflash = pipes
     session = dflash.new_session()
     dflash.generate("The quick brown fox", max_new_tokens=12, session=session)
-    assert session.drafter.cache.length == session.cache.length
+    assert session.drafter.context.length == session.cache.length
     dflash.generate("The quick brown", max_new_tokens=5, session=session)  # prefix reuse
-    assert session.drafter.cache.length == session.cache.length
+    assert session.drafter.context.length == session.cache.length
 
 
 def test_smaller_block_size_and_too_large_one(tiny_qwen3_deep, tiny_dflash):

@@ -83,7 +83,7 @@ def test_stopping_early_leaves_the_caches_at_what_was_consumed(base, tiny_dflash
         seen.extend(next(stream).token_ids)
     stream.close()  # what Ctrl-C in the caller amounts to
     assert session.ids == ids + seen
-    assert session.cache.length == len(session.ids) == session.drafter.cache.length
+    assert session.cache.length == len(session.ids) == session.drafter.context.length
     # and the conversation goes on exactly as if the first answer had ended there
     again = pipe.generate("The quick brown fox", raw=True, max_new_tokens=5, session=session)
     fresh = pipe.generate("The quick brown fox", raw=True, max_new_tokens=5)

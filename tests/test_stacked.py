@@ -87,7 +87,7 @@ def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_tap
     session = pipe.new_session()
     pipe.generate("The quick brown fox", max_new_tokens=20, session=session)
     for d in session.drafter.drafters:  # both context caches follow the target
-        assert d.cache.length == session.cache.length
+        assert d.context.length == session.cache.length
 
 
 def test_stacked_skips_drafting_when_neither_drafter_pays(

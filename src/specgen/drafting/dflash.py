@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
+from specgen.drafting.context import DraftContext
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -87,16 +88,14 @@ class DFlashDrafter:
         self.block_size = method.block_size
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = method.net.args.target_layer_ids
-        self.cache = self.net.new_cache(capacity)
+        self.context = DraftContext(self.net.new_cache(capacity), self.net.extend)
         self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
 
     def rollback(self, length: int) -> None:
-        if length < self.cache.length:
-            self.cache.rollback(length)
+        self.context.rollback(length)
 
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
-        features = torch.cat([taps[i] for i in self.taps], dim=-1)  # [1, T, K*H]
-        self.net.extend(self.cache, features)
+        self.context.append(torch.cat([taps[i] for i in self.taps], dim=-1))  # [1, T, K*H]
 
     @torch.inference_mode()
     def propose(
@@ -110,7 +109,8 @@ class DFlashDrafter:
         if k <= 0:
             return empty_draft(self.target.device)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
-        hidden = self.net.block_hidden(self.cache, self.target.embed_tokens(ids))[:, 1 : k + 1]
+        block = self.target.embed_tokens(ids)
+        hidden = self.net.block_hidden(self.context.ready(), block)[:, 1 : k + 1]
         vocab = self.vocab  # slot j predicts position anchor + j
         if vocab is None:
             return Draft(tokens=self.target.head(hidden).argmax(dim=-1))

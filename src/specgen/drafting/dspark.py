@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
+from specgen.drafting.context import DraftContext
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
@@ -171,16 +172,15 @@ class DSparkDrafter:
         self.net, self.target = method.net, method.target
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = self.net.args.backbone.target_layer_ids
-        self.cache = self.net.backbone.new_cache(capacity)
+        backbone = self.net.backbone
+        self.context = DraftContext(backbone.new_cache(capacity), backbone.extend)
         self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
 
     def rollback(self, length: int) -> None:
-        if length < self.cache.length:
-            self.cache.rollback(length)
+        self.context.rollback(length)
 
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
-        features = torch.cat([taps[i] for i in self.taps], dim=-1)  # [1, T, K*H]
-        self.net.backbone.extend(self.cache, features)
+        self.context.append(torch.cat([taps[i] for i in self.taps], dim=-1))  # [1, T, K*H]
 
     @torch.inference_mode()
     def propose(
@@ -194,7 +194,8 @@ class DSparkDrafter:
         if k <= 0:
             return empty_draft(self.target.device)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
-        hidden = self.net.backbone.block_hidden(self.cache, self.target.embed_tokens(ids))
+        block = self.target.embed_tokens(ids)
+        hidden = self.net.backbone.block_hidden(self.context.ready(), block)
         first = self.net.args.first_slot
         slots = hidden[0, first : first + k]
         vocab = self.method.vocab

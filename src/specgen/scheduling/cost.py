@@ -98,8 +98,9 @@ def measure_costs(
 def measure_draft_seconds(
     method: DraftMethod, model: Transformer, *, context: int = 128, repeats: int = 5
 ) -> float:
-    """A drafter's time per step after `context` tokens: propose a full block, then observe
-    the anchor and two accepted tokens and roll back (what every step does). Greedy."""
+    """A drafter's time per step after `context` tokens: observe the anchor and two accepted
+    tokens, propose a full block (a drafter may defer its observing work to here), and roll
+    back: what a drafting step costs. Greedy."""
     from specgen.config import SamplingParams
 
     device, vocab = model.device, model.args.vocab_size
@@ -114,8 +115,8 @@ def measure_draft_seconds(
     for attempt in range(repeats + 1):  # the first warms up
         _sync(device)
         start = time.perf_counter()
-        drafter.propose(anchor, method.max_draft_tokens, params, None)
         drafter.observe(ids[0, context:].tolist(), step)
+        drafter.propose(anchor, method.max_draft_tokens, params, None)
         _sync(device)
         if attempt:
             best = min(best, time.perf_counter() - start)

@@ -1,0 +1,104 @@
+"""AR decoding through the real loop at real model shapes: eager vs CUDA graphs, sync vs
+overlap, and how much of each step the device sits idle (the host gap).
+
+    python benchmarks/engine_steps.py [--target ../shared/fixtures/qwen3-8b.config.json]
+        [--device cuda] [--dtype bfloat16] [--context 512] [--tokens 64] [--out F.json]
+
+Random weights (no Hub needed); greedy AR via `engine/ar.py`, as `specgen` runs it, so the
+per-token time includes sampling, the host sync for each token and the Python around it.
+The device-idle share is 1 - (a replayed graph step alone) / (a step in the loop): what
+the loop adds on top of the device's own work. Run by scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from shapes_bench import FIXTURES, _sync, build, graphed_seconds
+
+
+def _loop_seconds(target, context: int, tokens: int, *, graphs: bool, overlap: bool) -> float:
+    """Seconds per generated token of greedy AR after a `context`-token prompt."""
+    from specgen.config import SamplingParams
+    from specgen.engine.ar import generate_ar
+    from specgen.engine.cuda_graphs import GraphedForward
+    from specgen.engine.overlap import overlapped
+
+    cache = target.new_cache(context + tokens + 1)
+    forward = target
+    if graphs:
+        capture = target.device.type == "cuda"
+        forward = GraphedForward(target, cache, max_tokens=1, capture=capture)
+    prompt = torch.randint(0, target.args.vocab_size, (context,)).tolist()
+
+    def run(n: int) -> float:
+        cache.rollback(0)
+
+        def events():
+            return generate_ar(
+                forward,
+                cache,
+                prompt,
+                params=SamplingParams(),
+                max_new_tokens=n,
+                stop_ids=frozenset(),
+            )
+
+        stream = overlapped(events) if overlap else events()
+        first = next(iter(stream))  # the prefill is not part of a decoding step
+        assert first.tokens
+        _sync(target.device)
+        start = time.perf_counter()
+        count = sum(1 for _ in stream)
+        _sync(target.device)
+        return (time.perf_counter() - start) / max(count, 1)
+
+    run(4)  # warm-up (and capture)
+    return run(tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, default=FIXTURES / "qwen3-8b.config.json")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    cfg = json.loads(args.target.read_text())
+    target, _ = build(cfg, args.device, getattr(torch, args.dtype))
+    replay = graphed_seconds(target, args.context, sizes=(1,))[1]
+    report = {
+        "target": args.target.name,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "dtype": args.dtype,
+        "context": args.context,
+        "graph_replay_ms": replay * 1e3,
+        "per_token_ms": {},
+        "device_idle_share": {},
+    }
+    for graphs in (False, True):
+        for overlap in (False, True):
+            name = f"{'graphs' if graphs else 'eager'}+{'overlap' if overlap else 'sync'}"
+            seconds = _loop_seconds(
+                target, args.context, args.tokens, graphs=graphs, overlap=overlap
+            )
+            report["per_token_ms"][name] = seconds * 1e3
+            report["device_idle_share"][name] = max(0.0, 1 - replay / seconds)
+            print(
+                f"{name}: {seconds * 1e3:.2f} ms/token ({1 / seconds:.0f} tok/s), "
+                f"device idle {max(0.0, 1 - replay / seconds):.0%}"
+            )
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

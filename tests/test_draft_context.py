@@ -1,0 +1,51 @@
+"""The lazily extended drafter context: the same K/V as extending every step, whatever
+the pattern of appends and rollbacks."""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.drafting.context import MAX_PENDING, DraftContext
+from specgen.models.kv_cache import StaticKVCache
+
+
+def _cache() -> StaticKVCache:
+    return StaticKVCache(
+        num_layers=1, batch=1, num_kv_heads=1, head_dim=4, capacity=256,
+        dtype=torch.float32, device="cpu",
+    )  # fmt: skip
+
+
+def _extend(cache: StaticKVCache, features: torch.Tensor) -> None:
+    """A per-token projection, like a drafter's: K = 2 * features, V = features + 1."""
+    kv = features[:, None]  # [1, 1, T, 4]
+    cache.write(0, 2 * kv, kv + 1)
+    cache.commit(cache.length + features.shape[1])
+
+
+def test_lazy_context_equals_eager_extension():
+    gen = torch.Generator().manual_seed(0)
+    eager, lazy = _cache(), DraftContext(_cache(), _extend)
+    steps = [(5, None), (1, None), (3, 7), (2, None), (1, 9), (4, 3), (70, None), (1, 60), (2, None)]
+    for tokens, rollback in steps:  # append T tokens, optionally roll back to a length
+        features = torch.randn(1, tokens, 4, generator=gen)
+        _extend(eager, features)
+        lazy.append(features)
+        if rollback is not None:
+            eager.rollback(rollback)
+            lazy.rollback(rollback)
+        assert lazy.length == eager.length
+        assert lazy.cache.length <= eager.length  # some may still wait
+        if tokens == 2:  # a draft: everything must be projected now
+            assert lazy.ready().length == eager.length
+    n = lazy.ready().length
+    assert n == eager.length
+    torch.testing.assert_close(lazy.cache.k[..., :n, :], eager.k[..., :n, :])
+    torch.testing.assert_close(lazy.cache.v[..., :n, :], eager.v[..., :n, :])
+
+
+def test_pending_features_are_bounded():
+    lazy = DraftContext(_cache(), _extend)
+    for _ in range(MAX_PENDING):
+        lazy.append(torch.zeros(1, 1, 4))
+    assert lazy.cache.length == MAX_PENDING  # projected without waiting for a draft

@@ -236,3 +236,18 @@ def test_roofline_arithmetic():
     )
     assert peak_bandwidth("Some GPU") is None
     assert utilisation(4.8e9, 0.001, 4.8e12) == pytest.approx(1.0)
+
+
+def test_cpu_memory_counts_every_mounted_drafter(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
+    from specgen.bench.harness import _memory
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    dflash = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
+    dspark = ar.with_spec(SpecConfig(method="dspark", drafter=str(tiny_dspark)))
+    stacked = ar.with_spec(
+        SpecConfig(method="stacked", drafter=(str(tiny_dflash), str(tiny_dspark)))
+    )
+    base = _memory(ar)
+    assert base < _memory(dflash) and base < _memory(dspark)
+    # both drafters: their weights and context caches, the target's counted once
+    assert _memory(stacked) == _memory(dflash) + _memory(dspark) - base

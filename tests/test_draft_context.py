@@ -26,7 +26,8 @@ def _extend(cache: StaticKVCache, features: torch.Tensor) -> None:
 def test_lazy_context_equals_eager_extension():
     gen = torch.Generator().manual_seed(0)
     eager, lazy = _cache(), DraftContext(_cache(), _extend)
-    steps = [(5, None), (1, None), (3, 7), (2, None), (1, 9), (4, 3), (70, None), (1, 60), (2, None)]
+    steps = [(5, None), (1, None), (3, 7), (2, None), (1, 9), (4, 3), (70, None), (1, 60)]
+    steps.append((2, None))
     for tokens, rollback in steps:  # append T tokens, optionally roll back to a length
         features = torch.randn(1, tokens, 4, generator=gen)
         _extend(eager, features)

@@ -179,11 +179,16 @@ def _memory(pipe: Pipeline | TransformersBaseline) -> int:
     tensors = list(pipe.model.parameters())
     cache = pipe.session.cache
     tensors += [cache.k, cache.v]
-    drafter = pipe.session.drafter
-    net = getattr(pipe.method, "net", None)
-    if net is not None:
-        tensors += list(net.parameters())
-    dcache = getattr(drafter, "cache", None)
-    if dcache is not None and hasattr(dcache, "k"):
-        tensors += [dcache.k, dcache.v]
+    # a method's drafter networks and context caches; stacked mounts two of each
+    methods = getattr(pipe.method, "methods", (pipe.method,))
+    drafters = getattr(pipe.session.drafter, "drafters", (pipe.session.drafter,))
+    for method in methods:
+        net = getattr(method, "net", None)
+        if net is not None:
+            tensors += list(net.parameters())
+    for drafter in drafters:
+        context = getattr(drafter, "context", None)
+        if context is not None:
+            tensors += [context.cache.k, context.cache.v]
+    tensors = list({t.data_ptr(): t for t in tensors}.values())  # shared storage once
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -4,6 +4,8 @@ The capture itself is tested on CUDA (tests/test_gpu.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -83,3 +85,20 @@ def test_graphs_need_cuda(tiny_qwen3_deep):
         GraphedForward(model, model.new_cache(8), max_tokens=1, capture=True)
     pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     assert pipe.new_session().forward is pipe.model  # never graphed on the CPU
+
+
+def test_static_dflash_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash):
+    from specgen.drafting.dflash import StaticBlockDraft
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")
+    pipe = ar.with_spec(replace(spec, trace=True))
+    assert pipe.method.net.static_ready and not pipe.method.cuda_graphs  # CPU: eager
+    eager, static = pipe.new_session(), pipe.new_session()
+    static.drafter.static = StaticBlockDraft(static.drafter, capture=False)
+    for prompt in ("The quick brown fox", "one two one two one two"):
+        want = pipe.generate(prompt, max_new_tokens=30, session=eager)
+        got = pipe.generate(prompt, max_new_tokens=30, session=static)
+        assert got.token_ids == want.token_ids
+        assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
+    assert static.drafter.static._replay is not None  # the static step really drafted

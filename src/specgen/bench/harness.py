@@ -20,6 +20,7 @@ import torch
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
+from specgen.drafting.context import DraftContext
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
 
@@ -188,7 +189,7 @@ def _memory(pipe: Pipeline | TransformersBaseline) -> int:
             tensors += list(net.parameters())
     for drafter in drafters:
         context = getattr(drafter, "context", None)
-        if context is not None:
+        if isinstance(context, DraftContext):
             tensors += [context.cache.k, context.cache.v]
     tensors = list({t.data_ptr(): t for t in tensors}.values())  # shared storage once
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -21,6 +21,7 @@ import torch
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.context import DraftContext
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
+from specgen.engine.cuda_graphs import Replay
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
@@ -49,6 +50,7 @@ class DFlashMethod:
         self.vocab = vocab  # drafts come from these head rows only (drafting/vocab.py)
         self.block_size = block_size
         self.max_draft_tokens = min(block_size - 1, draft_tokens or block_size)
+        self.cuda_graphs = False  # draft steps as CUDA graphs (set by `load` on CUDA)
 
     @classmethod
     def load(
@@ -73,7 +75,9 @@ class DFlashMethod:
                 "trained with (smaller blocks work, larger ones do not)"
             )
         vocab = load_draft_vocab(path, target.lm_head, source)
-        return cls(net, target, block, spec.draft_tokens, vocab)
+        method = cls(net, target, block, spec.draft_tokens, vocab)
+        method.cuda_graphs = spec.cuda_graphs and target.device.type == "cuda"
+        return method
 
     def new_drafter(self, capacity: int) -> DFlashDrafter:
         return DFlashDrafter(self, capacity)
@@ -90,6 +94,9 @@ class DFlashDrafter:
         self.taps = method.net.args.target_layer_ids
         self.context = DraftContext(self.net.new_cache(capacity), self.net.extend)
         self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
+        self.static: StaticBlockDraft | None = None  # the draft step as a CUDA graph
+        if method.cuda_graphs and self.net.static_ready:
+            self.static = StaticBlockDraft(self, capture=True)
 
     def rollback(self, length: int) -> None:
         self.context.rollback(length)
@@ -108,10 +115,47 @@ class DFlashDrafter:
         k = min(max_tokens, self.max_draft_tokens)
         if k <= 0:
             return empty_draft(self.target.device)
+        cache = self.context.ready()
+        if self.static is not None:
+            return Draft(tokens=self.static(anchor, cache.length)[:, :k].clone())
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
-        hidden = self.net.block_hidden(self.context.ready(), block)[:, 1 : k + 1]
+        hidden = self.net.block_hidden(cache, block)[:, 1 : k + 1]
         vocab = self.vocab  # slot j predicts position anchor + j
         if vocab is None:
             return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
         return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
+
+
+class StaticBlockDraft:
+    """The draft step with fixed shapes, [anchor, MASK x (B-1)] after a context length held
+    in device memory, through to the drafted ids: one CUDA graph per drafter, replayed at
+    any context length (with `capture` False it runs eagerly: the CPU tests). Needs a
+    drafter without sliding-window layers (`DFlashNet.static_ready`)."""
+
+    def __init__(self, drafter: DFlashDrafter, *, capture: bool) -> None:
+        net, target, vocab = drafter.net, drafter.target, drafter.vocab
+        cache = drafter.context.cache
+        self.ids = torch.tensor([[0, *drafter._masks]], device=target.device)
+        self.start = torch.zeros(1, dtype=torch.long, device=target.device)
+        # the masked attention weighs dead positions by 0: they must hold finite values
+        cache.k[:, :, :, cache.length :].zero_()
+        cache.v[:, :, :, cache.length :].zero_()
+
+        def draft() -> torch.Tensor:  # [1, B - 1]: slot j predicts position anchor + j
+            block = target.embed_tokens(self.ids)
+            hidden = net.block_hidden_static(cache, block, self.start)[:, 1:]
+            if vocab is None:
+                return target.head(hidden).argmax(dim=-1)
+            return vocab.ids[vocab.logits(hidden).argmax(dim=-1)]
+
+        self._draft = draft
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._replay: Replay | None = None  # captured at the first draft
+
+    def __call__(self, anchor: int, start: int) -> torch.Tensor:
+        self.ids[:, :1].fill_(anchor)
+        self.start.fill_(start)
+        if self._replay is None:
+            self._replay = Replay(self._draft, self._pool)
+        return self._replay()

@@ -18,6 +18,9 @@ keeps the plain eager forward instead). The graphs belong to one cache: a sessio
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from specgen.models.kv_cache import StaticKVCache
@@ -26,8 +29,35 @@ from specgen.models.transformer import ForwardOutput, Transformer
 WARMUP_RUNS = 2  # eager runs on a side stream before capture (allocator and autotune warm-up)
 
 
+class Replay:
+    """`fn`, which reads and writes only tensors that outlive it (static buffers), captured
+    as a CUDA graph and replayed; or, with `pool` None, simply called. A replay returns the
+    outputs captured, which the next replay overwrites."""
+
+    def __init__(self, fn: Callable[[], Any], pool=None) -> None:
+        self.fn = fn
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if pool is None:
+            return
+        side = torch.cuda.Stream()  # warm-up (allocator, autotuning) off the main stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = fn()
+
+    def __call__(self) -> Any:
+        if self.graph is None:
+            return self.fn()
+        self.graph.replay()
+        return self.out
+
+
 class _Step:
-    """One step size: static inputs, and the graph (or eager call) that fills the outputs."""
+    """One step size: static inputs, and the replay that fills the outputs from them."""
 
     def __init__(
         self,
@@ -40,35 +70,24 @@ class _Step:
     ) -> None:
         self.tokens = tokens.clone()
         self.start = torch.tensor([start], dtype=torch.long, device=tokens.device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-
-        def run() -> ForwardOutput:
-            return model.forward_static(self.tokens, cache, self.start, taps=taps)
-
-        self._run = run
-        if pool is None:
-            return
         # Warm-up and capture write K/V at [start, start + T): the range this call reserved,
-        # and which the replay below overwrites with the same values.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = run()
+        # and which the replay overwrites with the same values.
+        self.replay = Replay(
+            lambda: model.forward_static(self.tokens, cache, self.start, taps=taps), pool
+        )
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return self.replay.graph
 
     def __call__(self, tokens: torch.Tensor, start: int) -> ForwardOutput:
         self.tokens.copy_(tokens, non_blocking=True)
         self.start.fill_(start)
+        out = self.replay()
         if self.graph is None:
-            return self._run()
-        self.graph.replay()
+            return out
         return ForwardOutput(
-            logits=self.out.logits.clone(),
-            taps={i: h.clone() for i, h in self.out.taps.items()},
+            logits=out.logits.clone(), taps={i: h.clone() for i, h in out.taps.items()}
         )
 
 

@@ -74,7 +74,8 @@ def block_attention_masked(
 def block_attention(q, k, v, length, causal) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA with the Triton backend, else the masked torch
     form (both read `length` from device memory)."""
-    if q.is_cuda and backend() == "triton":
+    d = q.shape[-1]
+    if q.is_cuda and backend() == "triton" and d >= 16 and d & (d - 1) == 0:
         return block_attention_triton(q, k, v, length, causal)
     return block_attention_masked(q, k, v, length, causal)
 

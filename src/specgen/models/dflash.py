@@ -186,6 +186,28 @@ class DFlashNet(nn.Module):
             x = layer(x, cos, sin, cache, i, mask, False)  # written, never committed
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
 
+    @property
+    def static_ready(self) -> bool:
+        """Whether `block_hidden_static` serves this drafter (no sliding-window layers)."""
+        return all(window is None for window in self.args.windows)
+
+    @torch.inference_mode()
+    def block_hidden_static(
+        self,
+        cache: StaticKVCache,
+        x: torch.Tensor,  # [1, B, H]
+        start: torch.Tensor,  # [1] int64 on the device: the context length
+    ) -> torch.Tensor:
+        """`block_hidden` with the context length read from device memory, for a CUDA
+        graph of the draft step (engine/cuda_graphs.py); full-attention layers only."""
+        t = x.shape[1]
+        positions = start + torch.arange(t, device=x.device)
+        length = (positions[-1:] + 1).to(torch.int32)
+        cos, sin = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_static(x, cos, sin, cache, i, positions, length, causal=False)
+        return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
+
 
 def _window_mask(window: int | None, start: int, t: int, device: torch.device):
     """For a sliding layer: key k is visible to query q iff |q - k| < window."""

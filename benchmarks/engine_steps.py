@@ -6,6 +6,8 @@ overlap, and how much of each step the device sits idle (the host gap).
 
 Random weights (no Hub needed); greedy AR via `engine/ar.py`, as `specgen` runs it, so the
 per-token time includes sampling, the host sync for each token and the Python around it.
+Lookahead (the next forward queued before the host reads the token) is on except in the
+run marked no-lookahead.
 The device-idle share is 1 - (a replayed graph step alone) / (a step in the loop): what
 the loop adds on top of the device's own work. Run by scripts/gpu_check.sh.
 """
@@ -21,7 +23,9 @@ import torch
 from shapes_bench import FIXTURES, _sync, build, graphed_seconds
 
 
-def _loop_seconds(target, context: int, tokens: int, *, graphs: bool, overlap: bool) -> float:
+def _loop_seconds(
+    target, context: int, tokens: int, *, graphs: bool, overlap: bool, lookahead: bool = True
+) -> float:
     """Seconds per generated token of greedy AR after a `context`-token prompt."""
     from specgen.config import SamplingParams
     from specgen.engine.ar import generate_ar
@@ -46,6 +50,7 @@ def _loop_seconds(target, context: int, tokens: int, *, graphs: bool, overlap: b
                 params=SamplingParams(),
                 max_new_tokens=n,
                 stop_ids=frozenset(),
+                lookahead=lookahead and target.device.type == "cuda",
             )
 
         stream = overlapped(events) if overlap else events()
@@ -83,18 +88,20 @@ def main() -> None:
         "per_token_ms": {},
         "device_idle_share": {},
     }
-    for graphs in (False, True):
-        for overlap in (False, True):
-            name = f"{'graphs' if graphs else 'eager'}+{'overlap' if overlap else 'sync'}"
-            seconds = _loop_seconds(
-                target, args.context, args.tokens, graphs=graphs, overlap=overlap
-            )
-            report["per_token_ms"][name] = seconds * 1e3
-            report["device_idle_share"][name] = max(0.0, 1 - replay / seconds)
-            print(
-                f"{name}: {seconds * 1e3:.2f} ms/token ({1 / seconds:.0f} tok/s), "
-                f"device idle {max(0.0, 1 - replay / seconds):.0%}"
-            )
+    runs = [(g, o, True) for g in (False, True) for o in (False, True)] + [(True, False, False)]
+    for graphs, overlap, lookahead in runs:
+        name = f"{'graphs' if graphs else 'eager'}+{'overlap' if overlap else 'sync'}"
+        name += "" if lookahead else "+no-lookahead"
+        seconds = _loop_seconds(
+            target, args.context, args.tokens, graphs=graphs, overlap=overlap,
+            lookahead=lookahead,
+        )  # fmt: skip
+        report["per_token_ms"][name] = seconds * 1e3
+        report["device_idle_share"][name] = max(0.0, 1 - replay / seconds)
+        print(
+            f"{name}: {seconds * 1e3:.2f} ms/token ({1 / seconds:.0f} tok/s), "
+            f"device idle {max(0.0, 1 - replay / seconds):.0%}"
+        )
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report))

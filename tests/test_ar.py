@@ -16,9 +16,14 @@ PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
 GREEDY = SamplingParams()
 
 
-def _run(model, prompt, n, stop=frozenset(), capacity=128, params=GREEDY):
+def _run(model, prompt, n, stop=frozenset(), capacity=128, params=GREEDY, lookahead=False):
     cache = model.new_cache(capacity)
-    events = list(generate_ar(model, cache, prompt, params=params, max_new_tokens=n, stop_ids=stop))
+    events = list(
+        generate_ar(
+            model, cache, prompt, params=params, max_new_tokens=n, stop_ids=stop,
+            lookahead=lookahead,
+        )
+    )  # fmt: skip
     return [t for e in events for t in e.tokens], events[-1].finish, cache
 
 
@@ -50,28 +55,39 @@ def test_greedy_matches_transformers_generate_and_the_no_cache_oracle(tiny_dirs,
     assert ours == out[0, len(PROMPT) :].tolist()
 
 
-def test_stop_token_ends_the_answer_and_is_not_emitted(tiny_llama):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_stop_token_ends_the_answer_and_is_not_emitted(tiny_llama, lookahead):
     model = load_target(tiny_llama, dtype=torch.float32, device="cpu")
     free, _, _ = _run(model, PROMPT, 16)
     stop_at = 5
     stop = frozenset({free[stop_at]})
     first = free.index(free[stop_at])  # the stop token may occur earlier too
-    out, finish, cache = _run(model, PROMPT, 16, stop=stop)
+    out, finish, cache = _run(model, PROMPT, 16, stop=stop, lookahead=lookahead)
     assert finish == "stop" and out == free[:first]
     assert cache.length == len(PROMPT) + first  # everything emitted was fed back
 
 
-def test_max_new_tokens_one(tiny_llama):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_max_new_tokens_one(tiny_llama, lookahead):
     model = load_target(tiny_llama, dtype=torch.float32, device="cpu")
-    out, finish, cache = _run(model, PROMPT, 1)
+    out, finish, cache = _run(model, PROMPT, 1, lookahead=lookahead)
     assert len(out) == 1 and finish == "length" and cache.length == len(PROMPT)
 
 
-def test_context_limit_stops_cleanly_at_the_exact_token(tiny_llama):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_context_limit_stops_cleanly_at_the_exact_token(tiny_llama, lookahead):
     model = load_target(tiny_llama, dtype=torch.float32, device="cpu")
     free, _, _ = _run(model, PROMPT, 10)
-    out, finish, cache = _run(model, PROMPT, 10, capacity=len(PROMPT) + 3)
+    out, finish, cache = _run(model, PROMPT, 10, capacity=len(PROMPT) + 3, lookahead=lookahead)
     assert finish == "context" and out == free[:4] and cache.free == 0
+
+
+def test_lookahead_samples_the_same_tokens(tiny_llama):
+    model = load_target(tiny_llama, dtype=torch.float32, device="cpu")
+    params = SamplingParams(temperature=1.0, top_k=50, seed=11)
+    plain, _, a = _run(model, PROMPT, 20, params=params)
+    ahead, _, b = _run(model, PROMPT, 20, params=params, lookahead=True)
+    assert ahead == plain and a.length == b.length
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,9 @@ def generate_speculative(
     generator = make_generator(params, device)
     prefill = model(torch.tensor([new_ids], device=device), cache, taps=drafter.taps, num_logits=1)
     drafter.observe(new_ids, prefill.taps)
-    anchor = int(sample(prefill.logits[:, -1], params, generator))  # sync: first token
+    first = sample(prefill.logits[:, -1], params, generator)
+    anchor_t = first.view(1, 1)  # the anchor stays on the device too, for the next block
+    anchor = int(first)  # sync: first token
     tokens, finish = _cut([anchor], 0, max_new_tokens, stop_ids)
     produced = len(tokens)
     if finish is None and cache.free == 0:
@@ -89,15 +91,21 @@ def generate_speculative(
             drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
         )
         draft = proposal if scheduler is None else scheduler.trim(proposal, cache.length)
-        drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         start = cache.length
-        block = torch.tensor([[anchor, *drafted]], device=device)
+        # The block is built on the device from the device-resident anchor and the drafts
+        # are read back only after the verify forward is queued, so on a GPU the device
+        # goes straight from drafting to verifying while the host waits for the drafts.
+        drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
+        block = torch.cat([anchor_t, drafts], dim=1)
         out = model(block, cache, taps=drafter.taps)
+        drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         if drafted:
             verdict = verify_draft(out.logits, draft, params, generator)
+            bonus_t = verdict.bonus[:1].view(1, 1)
             accepted, bonus = int(verdict.accepted[0]), int(verdict.bonus[0])  # sync
         else:  # nothing to verify: a plain decoding step
-            accepted, bonus = 0, int(sample(out.logits[:, -1], params, generator))  # sync
+            bonus_t = sample(out.logits[:, -1], params, generator).view(1, 1)
+            accepted, bonus = 0, int(bonus_t)  # sync
         if scheduler is not None:
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
@@ -117,4 +125,4 @@ def generate_speculative(
             confidence=_confidences(proposal),
             drafter=proposal.source,
         )
-        anchor = bonus
+        anchor, anchor_t = bonus, bonus_t

@@ -19,13 +19,20 @@ tokens. Torch's OpenMP kernels run about 1.4x slower when called from a second t
 plain decode step: 29 ms from the main thread, 41-48 ms from a worker), which outweighs
 the ~1% of host work it hides; so `--engine auto` (the default) overlaps on CUDA only.
 
-Host syncs: the `# sync:` lines of `engine/loop.py` (drafted tokens to the host, accepted
-count and bonus) and `engine/ar.py` (the sampled token) remain, but inside the compute
-thread, off the caller's path. Not done here (needs a GPU to build and measure): the CUDA
-form where the step state (committed length, anchor, accept count) stays device-resident,
-step N+1 is enqueued before step N's results are copied back, and steps replay as CUDA
-graphs; on CUDA this engine still overlaps host work but each step waits for its own
-results.
+Host syncs (each marked `# sync:` where it is):
+- engine/ar.py: the sampled token, which the host needs to stop, detokenize and stream. On
+  CUDA the next token's forward is queued before it (lookahead), so the device is busy
+  while the host waits, checks and hands the token over.
+- engine/loop.py: the first token after the prefill; the drafted tokens (for stats, the
+  trace and the committed run), read only after the verify forward is queued on a block
+  built on the device from the device-resident anchor; the accepted count and the bonus,
+  which decide the rollback, what the drafter observes and the next anchor; and a DSpark
+  draft's confidences, which the verify-length rule reads on the host.
+All of them run in the compute thread here, off the caller's path. Not done (it needs a GPU
+to build and measure): the speculative step with the accept count and committed length
+kept on the device, so step N+1 is queued before step N's accept count reaches the host;
+today each speculative step waits for its own accept count. The target's decode and
+verify steps and the DFlash draft step replay as CUDA graphs (engine/cuda_graphs.py).
 """
 
 from __future__ import annotations

@@ -102,3 +102,22 @@ def test_static_dflash_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash):
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
     assert static.drafter.static._replay is not None  # the static step really drafted
+
+
+def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monkeypatch):
+    from specgen.drafting.dflash import StaticBlockDraft
+    from specgen.engine import cuda_graphs
+
+    def broken(self, fn, pool=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
+    want = pipe.generate("The quick brown fox", max_new_tokens=20, session=pipe.new_session())
+    session = _static_session(pipe)
+    session.drafter.static = StaticBlockDraft(session.drafter, capture=False)
+    monkeypatch.setattr(cuda_graphs.Replay, "__init__", broken)
+    with pytest.warns(RuntimeWarning, match="decodes without graphs"):
+        got = pipe.generate("The quick brown fox", max_new_tokens=20, session=session)
+    assert got.token_ids == want.token_ids
+    assert session.forward.failed and session.drafter.static is None

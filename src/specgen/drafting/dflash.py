@@ -21,7 +21,7 @@ import torch
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.context import DraftContext
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.engine.cuda_graphs import Replay
+from specgen.engine.cuda_graphs import Replay, graphs_failed
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
@@ -117,7 +117,11 @@ class DFlashDrafter:
             return empty_draft(self.target.device)
         cache = self.context.ready()
         if self.static is not None:
-            return Draft(tokens=self.static(anchor, cache.length)[:, :k].clone())
+            try:
+                return Draft(tokens=self.static(anchor, cache.length)[:, :k].clone())
+            except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
+                self.static = None
+                graphs_failed(e)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
         hidden = self.net.block_hidden(cache, block)[:, 1 : k + 1]

@@ -14,10 +14,13 @@ Prefills (any step on an empty cache or with `num_logits`), padded batches and s
 longer than `max_tokens` run the ordinary eager forward. `capture=False` runs the same
 static path eagerly: that is how the CPU tests it, and what `--no-cuda-graphs` avoids (it
 keeps the plain eager forward instead). The graphs belong to one cache: a session's.
+A capture that fails (an op this torch/driver/kernel setup cannot capture) is not fatal:
+the session warns once and goes on eagerly, with the same output.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +106,7 @@ class GraphedForward:
         self.max_tokens = max_tokens  # the longest step graphed: 1 + the most drafts
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._steps: dict[tuple[int, tuple[int, ...]], _Step] = {}
+        self.failed: str | None = None  # why a capture failed: eager from then on
         # the masked attention weighs dead positions by 0, so they must hold finite values
         # (an empty cache may hold any bit pattern, NaN included)
         cache.k.zero_()
@@ -139,13 +143,32 @@ class GraphedForward:
             and num_logits is None
             and pad is None
         )
-        if not static:  # a prefill or anything unusual: the eager forward
+        if not static or self.failed:  # a prefill or anything unusual: the eager forward
             return self.model(tokens, cache, taps=taps, num_logits=num_logits, pad=pad)
         start = cache.reserve(t)
         key = (t, tuple(taps))
         step = self._steps.get(key)
         if step is None:
-            step = self._steps[key] = _Step(self.model, cache, tokens, start, key[1], self._pool)
+            try:
+                step = _Step(self.model, cache, tokens, start, key[1], self._pool)
+            except RuntimeError as e:  # an op this setup cannot capture: decode eagerly
+                self.failed = graphs_failed(e)
+                cache.rollback(start)  # drop the reservation; the eager forward writes
+                return self.model(tokens, cache, taps=taps)
+            self._steps[key] = step
         out = step(tokens, start)
         cache.commit(start + t)
         return out
+
+
+def graphs_failed(error: Exception) -> str:
+    """Warn, once per session, that a capture failed and decoding goes on eagerly (the
+    same tokens, only slower); returns the reason."""
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    warnings.warn(
+        f"CUDA graph capture failed ({reason}); this session decodes without graphs "
+        "(same output; --no-cuda-graphs skips the attempt)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return reason

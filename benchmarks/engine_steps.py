@@ -1,5 +1,6 @@
 """AR decoding through the real loop at real model shapes: eager vs CUDA graphs, sync vs
-overlap, and how much of each step the device sits idle (the host gap).
+overlap, and how much of each step the device sits idle (the host gap); then the time of
+a whole DFlash speculative step (draft 15 tokens, verify all 16) the same ways.
 
     python benchmarks/engine_steps.py [--target ../shared/fixtures/qwen3-8b.config.json]
         [--device cuda] [--dtype bfloat16] [--context 512] [--tokens 64] [--out F.json]
@@ -24,46 +25,70 @@ from shapes_bench import FIXTURES, _sync, build, graphed_seconds
 
 
 def _loop_seconds(
-    target, context: int, tokens: int, *, graphs: bool, overlap: bool, lookahead: bool = True
+    target,
+    context: int,
+    steps: int,
+    *,
+    graphs: bool,
+    overlap: bool,
+    lookahead: bool = True,
+    method=None,
 ) -> float:
-    """Seconds per generated token of greedy AR after a `context`-token prompt."""
+    """Seconds per decoding step after a `context`-token prompt: greedy AR, or with
+    `method` a speculative step verifying every draft (random drafters: the drafts are
+    rejected, so this times a full draft + verify step)."""
     from specgen.config import SamplingParams
     from specgen.engine.ar import generate_ar
     from specgen.engine.cuda_graphs import GraphedForward
+    from specgen.engine.loop import generate_speculative
     from specgen.engine.overlap import overlapped
 
-    cache = target.new_cache(context + tokens + 1)
+    cuda = target.device.type == "cuda"
+    drafts = method.max_draft_tokens if method is not None else 0
+    capacity = context + (steps + 4) * (drafts + 1) + 1
+    cache = target.new_cache(capacity)
     forward = target
     if graphs:
-        capture = target.device.type == "cuda"
-        forward = GraphedForward(target, cache, max_tokens=1, capture=capture)
+        forward = GraphedForward(target, cache, max_tokens=1 + drafts, capture=cuda)
+    drafter = None
+    if method is not None:
+        method.cuda_graphs = graphs and cuda
+        drafter = method.new_drafter(capacity)
     prompt = torch.randint(0, target.args.vocab_size, (context,)).tolist()
 
     def run(n: int) -> float:
         cache.rollback(0)
+        if drafter is not None:
+            drafter.rollback(0)
 
         def events():
-            return generate_ar(
-                forward,
-                cache,
-                prompt,
-                params=SamplingParams(),
-                max_new_tokens=n,
-                stop_ids=frozenset(),
-                lookahead=lookahead and target.device.type == "cuda",
+            common = dict(params=SamplingParams(), max_new_tokens=n * (drafts + 1))
+            if drafter is None:
+                return generate_ar(
+                    forward, cache, prompt, stop_ids=frozenset(),
+                    lookahead=lookahead and cuda, **common,
+                )  # fmt: skip
+            return generate_speculative(
+                forward, cache, drafter, prompt, stop_ids=frozenset(), **common
             )
 
-        stream = overlapped(events) if overlap else events()
-        first = next(iter(stream))  # the prefill is not part of a decoding step
+        stream = iter(overlapped(events) if overlap else events())
+        first = next(stream)  # the prefill is not part of a decoding step
         assert first.tokens
         _sync(target.device)
         start = time.perf_counter()
-        count = sum(1 for _ in stream)
+        count = 0
+        for _ in stream:
+            count += 1
+            if count == n:
+                break
         _sync(target.device)
-        return (time.perf_counter() - start) / max(count, 1)
+        seconds = (time.perf_counter() - start) / max(count, 1)
+        stream.close()
+        return seconds
 
     run(4)  # warm-up (and capture)
-    return run(tokens)
+    return run(steps)
 
 
 def main() -> None:
@@ -77,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = json.loads(args.target.read_text())
-    target, _ = build(cfg, args.device, getattr(torch, args.dtype))
+    target, methods = build(cfg, args.device, getattr(torch, args.dtype))
     replay = graphed_seconds(target, args.context, sizes=(1,))[1]
     report = {
         "target": args.target.name,
@@ -102,6 +127,16 @@ def main() -> None:
             f"{name}: {seconds * 1e3:.2f} ms/token ({1 / seconds:.0f} tok/s), "
             f"device idle {max(0.0, 1 - replay / seconds):.0%}"
         )
+    # a DFlash step (5 layers, block 16, all 15 drafts verified): draft + verify + host
+    report["dflash_step_ms"] = {}
+    for graphs, overlap in ((False, False), (True, False), (True, True)):
+        name = f"{'graphs' if graphs else 'eager'}+{'overlap' if overlap else 'sync'}"
+        seconds = _loop_seconds(
+            target, args.context, args.tokens // 4, graphs=graphs, overlap=overlap,
+            method=methods["dflash"],
+        )  # fmt: skip
+        report["dflash_step_ms"][name] = seconds * 1e3
+        print(f"dflash step {name}: {seconds * 1e3:.2f} ms")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report))

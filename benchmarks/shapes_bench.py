@@ -60,9 +60,11 @@ def _drafter_config(target: dict, kind: str) -> dict:
 
 
 def _randomize(module: torch.nn.Module) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    # drawn where the weights live: an 8B model's worth of CPU randn would take minutes
+    gens: dict[torch.device, torch.Generator] = {}
     for p in module.parameters():
-        p.data.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+        gen = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(0))
+        p.data.copy_(torch.randn(p.shape, generator=gen, device=p.device) * 0.02)
 
 
 def build(target_cfg: dict, device: str, dtype: torch.dtype):

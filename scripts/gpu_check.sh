@@ -28,6 +28,6 @@ timeout 240 python -m pytest -q tests/test_gpu.py tests/kernels tests/test_cuda_
 timeout 300 python benchmarks/shapes_bench.py --device cuda --dtype bfloat16 \
   --contexts 512,4096 --out "$OUT/shapes.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes.txt"
 # the real AR loop at Qwen3-8B shapes: eager vs CUDA graphs, sync vs overlap, device idle
-timeout 120 python benchmarks/engine_steps.py --device cuda --dtype bfloat16 --context 512 \
+timeout 180 python benchmarks/engine_steps.py --device cuda --dtype bfloat16 --context 512 \
   --out "$OUT/engine.json" 2>&1 | grep -v '^{' | tee "$OUT/engine.txt"
 echo "results in $OUT"

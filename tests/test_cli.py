@@ -38,6 +38,25 @@ def test_generate_streams_the_answer(tiny_llama):
     assert result.stdout.endswith("\n") and result.stdout.strip()
 
 
+def test_cuda_graph_flag_is_accepted_and_changes_nothing_on_the_cpu(tiny_llama, monkeypatch):
+    import importlib
+
+    generate_cli = importlib.import_module("specgen.cli.generate")  # the module, not the command
+    seen = []
+    load = generate_cli.load_pipeline
+    monkeypatch.setattr(
+        generate_cli, "load_pipeline", lambda *a, **k: seen.append(k["spec"]) or load(*a, **k)
+    )
+    outputs = []
+    for flag in ("--cuda-graphs", "--no-cuda-graphs"):
+        args = ("generate", "The quick brown fox", "--model", str(tiny_llama), "--json", flag)
+        result = run(*args, *FAST)
+        assert result.exit_code == 0, result.stderr
+        outputs.append(json.loads(result.stdout)["token_ids"])
+    assert [spec.cuda_graphs for spec in seen] == [True, False]
+    assert outputs[0] == outputs[1]
+
+
 def test_generate_json_from_stdin(tiny_llama):
     result = run("generate", "--json", "--model", str(tiny_llama), *FAST, input="Hello there\n")
     assert result.exit_code == 0, result.stderr

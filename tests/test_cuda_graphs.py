@@ -4,8 +4,6 @@ The capture itself is tested on CUDA (tests/test_gpu.py)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -87,35 +85,38 @@ def test_graphs_need_cuda(tiny_qwen3_deep):
     assert pipe.new_session().forward is pipe.model  # never graphed on the CPU
 
 
-def test_static_dflash_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash):
-    from specgen.drafting.dflash import StaticBlockDraft
-
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_static_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash, tiny_dspark, kind):
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")
-    pipe = ar.with_spec(replace(spec, trace=True))
-    assert pipe.method.net.static_ready and not pipe.method.cuda_graphs  # CPU: eager
+    drafter = str(tiny_dflash if kind == "dflash" else tiny_dspark)
+    spec = SpecConfig(method=kind, drafter=drafter, verify_policy="full", trace=True)
+    pipe = ar.with_spec(spec)
+    assert not pipe.method.cuda_graphs  # CPU: eager
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = StaticBlockDraft(static.drafter, capture=False)
+    static.drafter.static = static.drafter.static_draft(capture=False)
     for prompt in ("The quick brown fox", "one two one two one two"):
         want = pipe.generate(prompt, max_new_tokens=30, session=eager)
         got = pipe.generate(prompt, max_new_tokens=30, session=static)
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
+        for a, b in zip(got.stats.trace, want.stats.trace, strict=True):  # DSpark's c_j
+            assert a.get("confidence") == pytest.approx(b.get("confidence"), abs=1e-5)
     assert static.drafter.static._replay is not None  # the static step really drafted
 
 
 def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monkeypatch):
-    from specgen.drafting.dflash import StaticBlockDraft
     from specgen.engine import cuda_graphs
 
     def broken(self, fn, pool=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
+    # every step drafts (no cost scheduler that might skip drafting on a busy machine)
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")
+    pipe = ar.with_spec(spec)
     want = pipe.generate("The quick brown fox", max_new_tokens=20, session=pipe.new_session())
     session = _static_session(pipe)
-    session.drafter.static = StaticBlockDraft(session.drafter, capture=False)
+    session.drafter.static = session.drafter.static_draft(capture=False)
     monkeypatch.setattr(cuda_graphs.Replay, "__init__", broken)
     with pytest.warns(RuntimeWarning, match="decodes without graphs"):
         got = pipe.generate("The quick brown fox", max_new_tokens=20, session=session)

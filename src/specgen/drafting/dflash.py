@@ -20,8 +20,9 @@ import torch
 
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.context import DraftContext
+from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.engine.cuda_graphs import Replay, graphs_failed
+from specgen.engine.cuda_graphs import graphs_failed
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
@@ -96,7 +97,19 @@ class DFlashDrafter:
         self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the draft step as a CUDA graph
         if method.cuda_graphs and self.net.static_ready:
-            self.static = StaticBlockDraft(self, capture=True)
+            self.static = self.static_draft(capture=True)
+
+    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
+        """The draft step with fixed shapes (see drafting/static_draft.py)."""
+        target, vocab = self.target, self.vocab
+
+        def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+            hidden = hidden[:, 1:]  # slot j predicts position anchor + j
+            if vocab is None:
+                return target.head(hidden).argmax(dim=-1)
+            return vocab.ids[vocab.logits(hidden).argmax(dim=-1)]
+
+        return StaticBlockDraft(self.context, self.net, target, self._masks, finish, capture)
 
     def rollback(self, length: int) -> None:
         self.context.rollback(length)
@@ -129,37 +142,3 @@ class DFlashDrafter:
         if vocab is None:
             return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
         return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
-
-
-class StaticBlockDraft:
-    """The draft step with fixed shapes, [anchor, MASK x (B-1)] after a context length held
-    in device memory, through to the drafted ids: one CUDA graph per drafter, replayed at
-    any context length (with `capture` False it runs eagerly: the CPU tests). Needs a
-    drafter without sliding-window layers (`DFlashNet.static_ready`)."""
-
-    def __init__(self, drafter: DFlashDrafter, *, capture: bool) -> None:
-        net, target, vocab = drafter.net, drafter.target, drafter.vocab
-        cache = drafter.context.cache
-        self.ids = torch.tensor([[0, *drafter._masks]], device=target.device)
-        self.start = torch.zeros(1, dtype=torch.long, device=target.device)
-        # the masked attention weighs dead positions by 0: they must hold finite values
-        cache.k[:, :, :, cache.length :].zero_()
-        cache.v[:, :, :, cache.length :].zero_()
-
-        def draft() -> torch.Tensor:  # [1, B - 1]: slot j predicts position anchor + j
-            block = target.embed_tokens(self.ids)
-            hidden = net.block_hidden_static(cache, block, self.start)[:, 1:]
-            if vocab is None:
-                return target.head(hidden).argmax(dim=-1)
-            return vocab.ids[vocab.logits(hidden).argmax(dim=-1)]
-
-        self._draft = draft
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._replay: Replay | None = None  # captured at the first draft
-
-    def __call__(self, anchor: int, start: int) -> torch.Tensor:
-        self.ids[:, :1].fill_(anchor)
-        self.start.fill_(start)
-        if self._replay is None:
-            self._replay = Replay(self._draft, self._pool)
-        return self._replay()

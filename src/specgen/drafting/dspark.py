@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specgen.config import SamplingParams
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.context import DraftContext
+from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
+from specgen.engine.cuda_graphs import graphs_failed
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -28,7 +31,7 @@ from specgen.models.dspark import DSparkNet, load_dspark
 from specgen.scheduling.calibration import Calibration, load_calibration
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams, SpecConfig
+    from specgen.config import SpecConfig
     from specgen.models.transformer import Transformer
 
 
@@ -37,7 +40,7 @@ def markov_draw(
     net: DSparkNet,
     base: torch.Tensor,  # [k, V]: backbone logits of the k draft slots
     hidden: torch.Tensor,  # [k, H]: the slots' backbone outputs (after the final norm)
-    anchor: int,
+    anchor: int | torch.Tensor,  # the id, or [1] int64 on the device (a CUDA graph's input)
     params: SamplingParams,
     generator: torch.Generator | None,
     calibration: Calibration | None = None,
@@ -48,7 +51,9 @@ def markov_draw(
     if (params.greedy or generator is None) and _fused(net, base):
         return _fused_greedy(net, base, hidden, anchor, calibration, vocab)
     k = base.shape[0]
-    prev = torch.tensor([anchor], device=base.device)
+    prev = anchor
+    if not isinstance(prev, torch.Tensor):
+        prev = torch.tensor([anchor], device=base.device)
     state = net.new_state(1) if net.args.markov_rank else None
     tokens, dists, logits_c = [], [], []
     for j in range(k):
@@ -130,6 +135,7 @@ class DSparkMethod:
         self.vocab = vocab  # drafts come from these head rows only (drafting/vocab.py)
         slots = block_size - net.args.first_slot
         self.max_draft_tokens = min(slots, draft_tokens or slots)
+        self.cuda_graphs = False  # greedy draft steps as CUDA graphs (set by `load` on CUDA)
 
     @classmethod
     def load(
@@ -156,7 +162,9 @@ class DSparkMethod:
             )
         calibration = load_calibration(path) if net.args.confidence else None
         vocab = load_draft_vocab(path, target.lm_head, source)
-        return cls(net, target, block, spec.draft_tokens, calibration, vocab)
+        method = cls(net, target, block, spec.draft_tokens, calibration, vocab)
+        method.cuda_graphs = spec.cuda_graphs and target.device.type == "cuda"
+        return method
 
     def new_drafter(self, capacity: int) -> DSparkDrafter:
         return DSparkDrafter(self, capacity)
@@ -175,6 +183,25 @@ class DSparkDrafter:
         backbone = self.net.backbone
         self.context = DraftContext(backbone.new_cache(capacity), backbone.extend)
         self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
+        self.static: StaticBlockDraft | None = None  # the greedy draft step as a CUDA graph
+        if method.cuda_graphs and backbone.static_ready:
+            self.static = self.static_draft(capture=True)
+
+    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
+        """The greedy draft step with fixed shapes (see drafting/static_draft.py): the
+        backbone, the head over the draft slots and the Markov draw, all on the device."""
+        net, target, method = self.net, self.target, self.method
+        first, k, vocab = net.args.first_slot, self.max_draft_tokens, method.vocab
+
+        def finish(hidden: torch.Tensor, anchor: torch.Tensor):
+            slots = hidden[0, first : first + k]
+            base = target.head(slots) if vocab is None else vocab.logits(slots)
+            draft = markov_draw(
+                net, base, slots, anchor, SamplingParams(), None, method.calibration, vocab
+            )
+            return draft.tokens, draft.confidence
+
+        return StaticBlockDraft(self.context, net.backbone, target, self._masks, finish, capture)
 
     def rollback(self, length: int) -> None:
         self.context.rollback(length)
@@ -193,9 +220,21 @@ class DSparkDrafter:
         k = min(max_tokens, self.max_draft_tokens)
         if k <= 0:
             return empty_draft(self.target.device)
+        cache = self.context.ready()
+        if self.static is not None and (params.greedy or generator is None):
+            try:
+                tokens, confidence = self.static(anchor, cache.length)
+            except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
+                self.static = None
+                graphs_failed(e)
+            else:  # the full block's draft; a shorter one is its prefix (left to right)
+                return Draft(
+                    tokens=tokens[:, :k].clone(),
+                    confidence=None if confidence is None else confidence[:, :k].clone(),
+                )
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
-        hidden = self.net.backbone.block_hidden(self.context.ready(), block)
+        hidden = self.net.backbone.block_hidden(cache, block)
         first = self.net.args.first_slot
         slots = hidden[0, first : first + k]
         vocab = self.method.vocab

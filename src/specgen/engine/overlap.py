@@ -32,7 +32,8 @@ All of them run in the compute thread here, off the caller's path. Not done (it 
 to build and measure): the speculative step with the accept count and committed length
 kept on the device, so step N+1 is queued before step N's accept count reaches the host;
 today each speculative step waits for its own accept count. The target's decode and
-verify steps and the DFlash draft step replay as CUDA graphs (engine/cuda_graphs.py).
+verify steps and the greedy DFlash and DSpark draft steps replay as CUDA graphs
+(engine/cuda_graphs.py, drafting/static_draft.py).
 """
 
 from __future__ import annotations

@@ -25,14 +25,16 @@ from specgen.kernels import triton_available
 def markov_greedy_torch(
     base: torch.Tensor,  # [k, V'] backbone logits of the draft slots (V' = len(ids) or V)
     hidden: torch.Tensor,  # [k, H]
-    anchor: int,
+    anchor: int | torch.Tensor,  # the id, or [1] int64 on the device
     w1: torch.Tensor,  # [V, r]
     w2: torch.Tensor,  # [V', r] (rows of the draft vocabulary when there is one)
     ids: torch.Tensor | None,  # [V'] token ids of base's columns, or None
     conf_w: torch.Tensor | None,  # [1, H + r] or [1, H]
     conf_b: torch.Tensor | None,  # [1]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [k], confidence logits [k]
-    prev = torch.tensor([anchor], device=base.device)
+    prev = (
+        anchor if isinstance(anchor, torch.Tensor) else torch.tensor([anchor], device=base.device)
+    )
     tokens, conf = [], []
     for j in range(base.shape[0]):
         z = F.embedding(prev, w1)
@@ -63,7 +65,7 @@ if triton_available():
         cb_ptr,
         tokens_ptr,
         conf_ptr,
-        anchor,
+        anchor_ptr,  # [1] int64: read on the device, so a CUDA graph replays any anchor
         K,
         V,
         H,
@@ -75,7 +77,7 @@ if triton_available():
         BLOCK_H: tl.constexpr,
     ):
         rk = tl.arange(0, R)
-        prev = anchor
+        prev = tl.load(anchor_ptr).to(tl.int64)  # one type through the loop (GPU compile)
         for j in range(K):
             z = tl.load(w1_ptr + prev * R + rk).to(tl.float32)  # [R]
             if HAS_CONF:
@@ -105,9 +107,9 @@ if triton_available():
                 best_idx = tl.where(better, tile_idx, best_idx)
                 best = tl.where(better, tile_max, best)
             if HAS_IDS:
-                prev = tl.load(ids_ptr + best_idx)
+                prev = tl.load(ids_ptr + best_idx).to(tl.int64)
             else:
-                prev = best_idx
+                prev = best_idx.to(tl.int64)
             tl.store(tokens_ptr + j, prev)
 
     def markov_greedy_triton(base, hidden, anchor, w1, w2, ids, conf_w, conf_b):
@@ -115,6 +117,8 @@ if triton_available():
         r, h = w1.shape[1], hidden.shape[1]
         tokens = torch.empty(k, dtype=torch.long, device=base.device)
         conf = torch.empty(k, dtype=torch.float32, device=base.device)
+        if not isinstance(anchor, torch.Tensor):  # eager callers may pass the id itself
+            anchor = torch.tensor([anchor], dtype=torch.long, device=base.device)
         _markov_greedy_kernel[(1,)](
             base.contiguous(),
             hidden.contiguous(),

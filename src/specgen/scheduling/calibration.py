@@ -13,6 +13,7 @@ The result is stored as `calibration.json` beside the drafter and used when pres
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -36,9 +37,13 @@ class Calibration:
 
     def scale(self, logits: torch.Tensor) -> torch.Tensor:
         """z_j / T_j for the first len(logits) positions."""
-        k = logits.shape[-1]
+        return logits / self._divisors(logits.shape[-1], logits.dtype, logits.device)
+
+    @functools.cache  # noqa: B019 - a few tiny tensors per (frozen) calibration
+    def _divisors(self, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # made once, so a CUDA graph capturing `scale` copies nothing from the host
         temps = [self.temperatures[min(j, len(self.temperatures) - 1)] for j in range(k)]
-        return logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)
+        return torch.tensor(temps, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ class Replay:
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: the overlap engine captures in its compute thread while the main
+        # thread may still be printing; only this thread's calls must be capture-safe
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.out = fn()
 
     def __call__(self) -> Any:

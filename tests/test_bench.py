@@ -251,3 +251,26 @@ def test_cpu_memory_counts_every_mounted_drafter(tiny_qwen3_deep, tiny_dflash, t
     assert base < _memory(dflash) and base < _memory(dspark)
     # both drafters: their weights and context caches, the target's counted once
     assert _memory(stacked) == _memory(dflash) + _memory(dspark) - base
+
+
+def test_a_renewed_session_behaves_as_a_new_one(tiny_qwen3_deep, tiny_dflash):
+    from specgen.bench.harness import _FreshSessions
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash), trace=True))
+    used = pipe.new_session()
+    pipe.generate("one two one two one two", max_new_tokens=30, session=used)
+    scheduler = used.scheduler
+    renewed = pipe.renew(used)
+    assert renewed is used and used.scheduler is not scheduler and not used.ids
+    fresh = pipe.new_session()
+    got = pipe.generate("The quick brown fox", max_new_tokens=30, session=renewed)
+    want = pipe.generate("The quick brown fox", max_new_tokens=30, session=fresh)
+    assert got.token_ids == want.token_ids
+    assert got.stats.prefill_tokens == want.stats.prefill_tokens  # nothing reused
+    # the same decisions from the same (empty) history: the steps match, drafts included
+    assert [r["draft"] != [] for r in got.stats.trace] == [
+        r["draft"] != [] for r in want.stats.trace
+    ]
+    sessions = _FreshSessions()
+    assert sessions(pipe) is not sessions(pipe)  # on the CPU: a new session every run

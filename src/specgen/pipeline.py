@@ -233,11 +233,21 @@ class Pipeline:
         if self.method is None:
             return Session(self.model, self.context, graphs=graphs)
         drafter = self.method.new_drafter(self.context)
+        return Session(self.model, self.context, drafter, self._scheduler(), graphs=graphs)
+
+    def renew(self, session: Session) -> Session:
+        """`session` emptied and with fresh acceptance estimates, as `new_session` would
+        make it, but keeping its buffers and so its CUDA graphs (captured per session)."""
+        session.reset()
+        if session.drafter is not None:
+            session.scheduler = self._scheduler()
+        return session
+
+    def _scheduler(self) -> VerifyScheduler | None:
         policy = self.spec.verify_policy
-        scheduler = None  # every draft verified whole
         if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
-            scheduler = VerifyScheduler(policy, self.costs)
-        return Session(self.model, self.context, drafter, scheduler, graphs=graphs)
+            return VerifyScheduler(policy, self.costs)
+        return None  # every draft verified whole
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""

@@ -100,7 +100,11 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
 
 
 def test_drafting_is_skipped_only_when_no_verify_length_pays():
-    from specgen.scheduling.verify_length import worth_drafting
+    from specgen.scheduling.verify_length import drafting_rate
+
+    def worth_drafting(conditional, *, step_seconds, draft_seconds) -> bool:
+        rate = drafting_rate(conditional, step_seconds=step_seconds, draft_seconds=draft_seconds)
+        return rate > 1.0 / step_seconds[0]  # beats a plain decoding step
 
     steps = [1.0, 1.2, 1.5, 2.4]
     assert worth_drafting([0.9, 0.9, 0.9], step_seconds=steps, draft_seconds=0.5)

@@ -101,15 +101,18 @@ class DFlashDrafter:
 
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:
         """The draft step with fixed shapes (see drafting/static_draft.py)."""
-        target, vocab = self.target, self.vocab
 
-        def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-            hidden = hidden[:, 1:]  # slot j predicts position anchor + j
-            if vocab is None:
-                return target.head(hidden).argmax(dim=-1)
-            return vocab.ids[vocab.logits(hidden).argmax(dim=-1)]
+        def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> Draft:
+            return self._draft(hidden[:, 1:])
 
-        return StaticBlockDraft(self.context, self.net, target, self._masks, finish, capture)
+        return StaticBlockDraft(self.context, self.net, self.target, self._masks, finish, capture)
+
+    def _draft(self, hidden: torch.Tensor) -> Draft:
+        """Greedy tokens from the block's hidden states (slot j predicts anchor + j)."""
+        vocab = self.vocab
+        if vocab is None:
+            return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
+        return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
 
     def rollback(self, length: int) -> None:
         self.context.rollback(length)
@@ -131,14 +134,10 @@ class DFlashDrafter:
         cache = self.context.ready()
         if self.static is not None:
             try:
-                return Draft(tokens=self.static(anchor, cache.length)[:, :k].clone())
+                return self.static(anchor, cache.length, k)
             except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
                 self.static = None
                 graphs_failed(e)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
-        hidden = self.net.block_hidden(cache, block)[:, 1 : k + 1]
-        vocab = self.vocab  # slot j predicts position anchor + j
-        if vocab is None:
-            return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
-        return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
+        return self._draft(self.net.block_hidden(cache, block)[:, 1 : k + 1])

@@ -190,18 +190,28 @@ class DSparkDrafter:
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:
         """The greedy draft step with fixed shapes (see drafting/static_draft.py): the
         backbone, the head over the draft slots and the Markov draw, all on the device."""
-        net, target, method = self.net, self.target, self.method
-        first, k, vocab = net.args.first_slot, self.max_draft_tokens, method.vocab
 
-        def finish(hidden: torch.Tensor, anchor: torch.Tensor):
-            slots = hidden[0, first : first + k]
-            base = target.head(slots) if vocab is None else vocab.logits(slots)
-            draft = markov_draw(
-                net, base, slots, anchor, SamplingParams(), None, method.calibration, vocab
-            )
-            return draft.tokens, draft.confidence
+        def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> Draft:
+            return self._draw(hidden, anchor, self.max_draft_tokens, SamplingParams(), None)
 
-        return StaticBlockDraft(self.context, net.backbone, target, self._masks, finish, capture)
+        backbone = self.net.backbone
+        return StaticBlockDraft(self.context, backbone, self.target, self._masks, finish, capture)
+
+    def _draw(
+        self,
+        hidden: torch.Tensor,  # [1, B, H]: the block's backbone outputs
+        anchor: int | torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """The first k slots' draft: their head logits, then the Markov draw."""
+        first, vocab = self.net.args.first_slot, self.method.vocab
+        slots = hidden[0, first : first + k]
+        base = self.target.head(slots) if vocab is None else vocab.logits(slots)
+        return markov_draw(
+            self.net, base, slots, anchor, params, generator, self.method.calibration, vocab
+        )
 
     def rollback(self, length: int) -> None:
         self.context.rollback(length)
@@ -223,22 +233,11 @@ class DSparkDrafter:
         cache = self.context.ready()
         if self.static is not None and (params.greedy or generator is None):
             try:
-                tokens, confidence = self.static(anchor, cache.length)
+                return self.static(anchor, cache.length, k)
             except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
                 self.static = None
                 graphs_failed(e)
-            else:  # the full block's draft; a shorter one is its prefix (left to right)
-                return Draft(
-                    tokens=tokens[:, :k].clone(),
-                    confidence=None if confidence is None else confidence[:, :k].clone(),
-                )
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
         hidden = self.net.backbone.block_hidden(cache, block)
-        first = self.net.args.first_slot
-        slots = hidden[0, first : first + k]
-        vocab = self.method.vocab
-        base = self.target.head(slots) if vocab is None else vocab.logits(slots)
-        return markov_draw(
-            self.net, base, slots, anchor, params, generator, self.method.calibration, vocab
-        )
+        return self._draw(hidden, anchor, k, params, generator)

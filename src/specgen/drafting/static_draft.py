@@ -13,10 +13,11 @@ draft draws from a host generator and runs eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from specgen.drafting.base import Draft
 from specgen.drafting.context import DraftContext
 from specgen.engine.cuda_graphs import Replay
 
@@ -32,7 +33,7 @@ class StaticBlockDraft:
         backbone: DFlashNet,  # full-attention layers only (`static_ready`)
         target: Transformer,
         masks: list[int],
-        finish: Callable[[torch.Tensor, torch.Tensor], Any],  # (hidden [1,B,H], anchor [1])
+        finish: Callable[[torch.Tensor, torch.Tensor], Draft],  # (hidden [1,B,H], anchor [1])
         capture: bool,
     ) -> None:
         cache = context.cache
@@ -42,7 +43,7 @@ class StaticBlockDraft:
         cache.k[:, :, :, cache.length :].zero_()
         cache.v[:, :, :, cache.length :].zero_()
 
-        def draft() -> Any:
+        def draft() -> Draft:
             block = target.embed_tokens(self.ids)
             hidden = backbone.block_hidden_static(cache, block, self.start)
             return finish(hidden, self.ids[0, :1])
@@ -51,11 +52,14 @@ class StaticBlockDraft:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._replay: Replay | None = None  # captured at the first draft
 
-    def __call__(self, anchor: int, start: int) -> Any:
-        """The full block's draft after `start` context tokens (outputs of `finish`; a
-        replay overwrites the previous one's: copy what must outlive the next draft)."""
+    def __call__(self, anchor: int, start: int, k: int) -> Draft:
+        """The first k tokens (and confidences) of the block's draft after `start` context
+        tokens: a prefix of the full draft, since every head drafts left to right. Copied
+        out, as the next replay overwrites the graph's outputs."""
         self.ids[:, :1].fill_(anchor)
         self.start.fill_(start)
         if self._replay is None:
             self._replay = Replay(self._draft, self._pool)
-        return self._replay()
+        full = self._replay()
+        confidence = None if full.confidence is None else full.confidence[:, :k].clone()
+        return Draft(tokens=full.tokens[:, :k].clone(), confidence=confidence)

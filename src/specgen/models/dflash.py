@@ -37,7 +37,7 @@ from specgen.models.loading import (
 )
 from specgen.models.norm import rms_norm
 from specgen.models.rope import rope_tables
-from specgen.models.transformer import DecoderLayer, Transformer, new_weight
+from specgen.models.transformer import DecoderLayer, Transformer, device_positions, new_weight
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -200,10 +200,7 @@ class DFlashNet(nn.Module):
     ) -> torch.Tensor:
         """`block_hidden` with the context length read from device memory, for a CUDA
         graph of the draft step (engine/cuda_graphs.py); full-attention layers only."""
-        t = x.shape[1]
-        positions = start + torch.arange(t, device=x.device)
-        length = (positions[-1:] + 1).to(torch.int32)
-        cos, sin = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+        positions, length, cos, sin = device_positions(start, x.shape[1], self._cos, self._sin)
         for i, layer in enumerate(self.layers):
             x = layer.forward_static(x, cos, sin, cache, i, positions, length, causal=False)
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)

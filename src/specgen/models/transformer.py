@@ -248,10 +248,7 @@ class Transformer(nn.Module):
         """`forward` for decode and verify steps, reading the position from device memory
         (engine/cuda_graphs.py captures it once per T and replays it at every length).
         The caller checks the capacity and commits: it knows the length on the host."""
-        t = tokens.shape[1]
-        positions = start + torch.arange(t, device=tokens.device)
-        length = (positions[-1:] + 1).to(torch.int32)
-        cos, sin = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+        positions, length, cos, sin = device_positions(start, tokens.shape[1], self._cos, self._sin)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -259,6 +256,19 @@ class Transformer(nn.Module):
             if i in taps:
                 tapped[i] = x
         return ForwardOutput(logits=self.logits(x), taps=tapped)
+
+
+def device_positions(
+    start: torch.Tensor,  # [1] int64 on the device
+    t: int,
+    cos: torch.Tensor,  # [capacity, d] RoPE tables
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a graph-capturable step of t tokens from `start` needs, all computed on the
+    device: positions [t] int64, the length after them [1] int32, their cos/sin rows."""
+    positions = start + torch.arange(t, device=start.device)
+    length = (positions[-1:] + 1).to(torch.int32)
+    return positions, length, cos.index_select(0, positions), sin.index_select(0, positions)
 
 
 def _padding_mask(

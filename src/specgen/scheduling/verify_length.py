@@ -79,20 +79,13 @@ def drafting_rate(
 ) -> float:
     """The best expected tokens per second of a draft, over verify lengths l >= 1:
     max_l (1 + a_1 + .. + a_l) / (t_draft + t_verify(1 + l)). Decided before drafting, from
-    estimates of earlier steps; a plain decoding step makes 1 / t_verify(1)."""
+    estimates of earlier steps; drafting pays when this beats a plain decoding step's
+    1 / t_verify(1)."""
     best, expected = 0.0, 1.0
     for n, a in enumerate(survival(conditional), start=1):
         expected += a
         best = max(best, expected / (draft_seconds + step_seconds[n]))
     return best
-
-
-def worth_drafting(
-    conditional: Sequence[float], *, step_seconds: Sequence[float], draft_seconds: float
-) -> bool:
-    """Whether drafting at all beats a plain decoding step."""
-    rate = drafting_rate(conditional, step_seconds=step_seconds, draft_seconds=draft_seconds)
-    return rate > 1.0 / step_seconds[0]
 
 
 def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDecision:

@@ -7,7 +7,7 @@ import torch
 
 from conftest import FAMILIES
 from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.base import Draft, empty_draft
+from specgen.drafting.base import Draft, DraftOption, empty_draft
 from specgen.drafting.ngram import NgramDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
@@ -15,7 +15,7 @@ from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.policy import VerifyPolicy
-from specgen.scheduling.scheduler import VerifyScheduler
+from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
 GREEDY = SamplingParams()
@@ -139,6 +139,42 @@ def test_scheduler_trims_without_changing_the_output(model):
     tokens, events, _ = _spec(model, WrongDrafter(model, 4), 30, scheduler=scheduler)
     assert tokens == _ar(model, 30)
     assert all(e.drafted <= costs.max_drafts for e in events)
+
+
+class HopelessDrafter:
+    """Always drafts `token`; offers itself to the cost scheduler, which then skips it."""
+
+    taps: tuple[int, ...] = ()
+    options = (DraftOption(),)
+    max_draft_tokens = 4
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def rollback(self, length):
+        pass
+
+    def observe(self, tokens, taps):
+        pass
+
+    def propose(self, anchor, max_tokens, params=None, generator=None):
+        k = min(max_tokens, self.max_draft_tokens)
+        return Draft(torch.full((1, k), self.token)) if k else empty_draft()
+
+
+def test_a_skipping_loop_probes_at_the_scheduler_pace(model):
+    """The loop's skipped steps leave the estimates and the run of skips alone, so a
+    drafter that never pays is probed 4, 8, 16, 32, 32 ... steps apart, not on a timer."""
+    costs = CostTable(contexts=(16,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
+    scheduler = VerifyScheduler(VerifyPolicy(), costs)
+    free = _ar(model, 160, capacity=256)
+    never = min(set(range(model.args.vocab_size)) - set(free))
+    tokens, events, _ = _spec(model, HopelessDrafter(never), 160, capacity=256, scheduler=scheduler)
+    assert tokens == free
+    probes = [i for i, e in enumerate(events) if e.drafted]
+    assert all(events[i].drafted == PROBE_LENGTH for i in probes)
+    gaps = [b - a - 1 for a, b in zip(probes[:-1], probes[1:], strict=True)]
+    assert probes[0] == 1 + PROBE_AFTER[0] and gaps[:4] == [8, 16, 32, 32], (probes, gaps)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

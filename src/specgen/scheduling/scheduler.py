@@ -109,10 +109,15 @@ class VerifyScheduler:
         serve only `pick`: whether drafting pays. So for it the estimates are of what a draft
         realised, and a drafted position its confidences left unverified counts as a miss;
         otherwise a drafter whose confidences keep trimming to nothing would keep looking as
-        good as the prior and keep paying for drafts that are never verified."""
+        good as the prior and keep paying for drafts that are never verified.
+
+        A step that drafted nothing records nothing: counting it would fade the estimates
+        (and so re-draft on a timer) and reset the run of skips the probes are paced by."""
         verified = draft.length
         if draft.confidence is not None and proposed is not None:
             verified = max(verified, proposed)
+        if verified == 0:  # a plain decoding step (`skipped`): no evidence, and not a probe
+            return
         self.tracker.record(draft.bucket, verified, accepted)
         if self._probing:
             failed = accepted == 0

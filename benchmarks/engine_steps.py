@@ -1,6 +1,7 @@
 """AR decoding through the real loop at real model shapes: eager vs CUDA graphs, sync vs
 overlap, and how much of each step the device sits idle (the host gap); then the time of
-a whole DFlash speculative step (draft 15 tokens, verify all 16) the same ways.
+a whole DFlash and DSpark speculative step (every draft verified) the same ways and in the
+device-resident loop (engine/resident.py).
 
     python benchmarks/engine_steps.py [--target ../shared/fixtures/qwen3-8b.config.json]
         [--device cuda] [--dtype bfloat16] [--context 512] [--tokens 64] [--out F.json]
@@ -33,15 +34,18 @@ def _loop_seconds(
     overlap: bool,
     lookahead: bool = True,
     method=None,
+    resident: bool = False,
 ) -> float:
     """Seconds per decoding step after a `context`-token prompt: greedy AR, or with
     `method` a speculative step verifying every draft (random drafters: the drafts are
-    rejected, so this times a full draft + verify step)."""
+    rejected, so this times a full draft + verify step); `resident`: that step in the
+    device-resident loop (engine/resident.py), queued before the last one is read."""
     from specgen.config import SamplingParams
     from specgen.engine.ar import generate_ar
     from specgen.engine.cuda_graphs import GraphedForward
     from specgen.engine.loop import generate_speculative
     from specgen.engine.overlap import overlapped
+    from specgen.engine.resident import generate_resident
 
     cuda = target.device.type == "cuda"
     drafts = method.max_draft_tokens if method is not None else 0
@@ -68,9 +72,8 @@ def _loop_seconds(
                     forward, cache, prompt, stop_ids=frozenset(),
                     lookahead=lookahead and cuda, **common,
                 )  # fmt: skip
-            return generate_speculative(
-                forward, cache, drafter, prompt, stop_ids=frozenset(), **common
-            )
+            loop = generate_resident if resident else generate_speculative
+            return loop(forward, cache, drafter, prompt, stop_ids=frozenset(), **common)
 
         stream = iter(overlapped(events) if overlap else events())
         first = next(stream)  # the prefill is not part of a decoding step
@@ -127,16 +130,25 @@ def main() -> None:
             f"{name}: {seconds * 1e3:.2f} ms/token ({1 / seconds:.0f} tok/s), "
             f"device idle {max(0.0, 1 - replay / seconds):.0%}"
         )
-    # a DFlash step (5 layers, block 16, all 15 drafts verified): draft + verify + host
-    report["dflash_step_ms"] = {}
-    for graphs, overlap in ((False, False), (True, False), (True, True)):
-        name = f"{'graphs' if graphs else 'eager'}+{'overlap' if overlap else 'sync'}"
-        seconds = _loop_seconds(
-            target, args.context, args.tokens // 4, graphs=graphs, overlap=overlap,
-            method=methods["dflash"],
-        )  # fmt: skip
-        report["dflash_step_ms"][name] = seconds * 1e3
-        print(f"dflash step {name}: {seconds * 1e3:.2f} ms")
+    # a whole speculative step, every draft verified (DFlash: 5 layers, block 16, 15
+    # drafts; DSpark: block 7): draft + verify + host, sync loop vs the resident loop
+    steps = [
+        ("eager+sync", False, False, False),
+        ("graphs+sync", True, False, False),
+        ("graphs+overlap", True, True, False),
+        ("graphs+resident", True, False, True),
+        ("graphs+overlap+resident", True, True, True),
+        ("eager+overlap+resident", False, True, True),
+    ]
+    for kind in ("dflash", "dspark"):
+        report[f"{kind}_step_ms"] = {}
+        for name, graphs, overlap, resident in steps:
+            seconds = _loop_seconds(
+                target, args.context, args.tokens // 4, graphs=graphs, overlap=overlap,
+                method=methods[kind], resident=resident,
+            )  # fmt: skip
+            report[f"{kind}_step_ms"][name] = seconds * 1e3
+            print(f"{kind} step {name}: {seconds * 1e3:.2f} ms")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report))

@@ -4,7 +4,8 @@
 #   2. the gpu-marked tests and the kernel tests, for real on CUDA;
 #   3. step costs at Qwen3-4B / Qwen3-8B shapes with random bf16 weights, eager and as CUDA
 #      graphs (benchmarks/shapes_bench.py);
-#   4. the AR loop at Qwen3-8B shapes: eager vs graphs, sync vs overlap, device idle share
+#   4. the AR loop at Qwen3-8B shapes: eager vs graphs, sync vs overlap, device idle share;
+#      whole DFlash / DSpark steps in the sync loop and the device-resident loop
 #      (benchmarks/engine_steps.py);
 # and write everything to $OUT (default ./gpu-results). Meant to finish in under 8 minutes.
 set -uo pipefail

@@ -78,3 +78,30 @@ def test_cuda_graphs_replay_the_eager_steps(cuda_ar, tiny_dflash, tiny_dspark, n
         if name != "ar":  # and so did the draft step
             assert session.drafter.static._replay.graph is not None
     assert eager.new_session().forward is eager.model
+
+
+@pytest.mark.parametrize("name", ["dflash", "dspark"])
+def test_resident_steps_on_cuda_are_the_sync_steps(cuda_ar, tiny_dflash, tiny_dspark, name):
+    """Every draft verified whole: the device-resident loop (overlap on CUDA) makes the
+    sync loop's steps, greedy and seeded, with the graphs replayed from device state.
+    (Stacked's selector learns a step late there; its greedy output is checked above.)"""
+    from dataclasses import replace
+
+    spec = replace(_specs(tiny_dflash, tiny_dspark)[name], verify_policy="full", trace=True)
+    resident = cuda_ar.with_spec(replace(spec, engine="overlap"))
+    sync = cuda_ar.with_spec(replace(spec, engine="sync"))
+    assert resident.resident_steps and not sync.resident_steps
+
+    def steps(result):
+        return [(s["verify_length"], s["accepted"], s["committed"]) for s in result.stats.trace]
+
+    sampled = SamplingParams(temperature=0.8, top_k=20, seed=5)
+    for prompt in PROMPTS:
+        for params in (None, sampled):
+            session = resident.new_session()
+            got = resident.generate(prompt, sampling=params, max_new_tokens=32, session=session)
+            want = sync.generate(
+                prompt, sampling=params, max_new_tokens=32, session=sync.new_session()
+            )
+            assert got.token_ids == want.token_ids and steps(got) == steps(want)
+            assert session.forward.captured > 0

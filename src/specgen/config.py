@@ -171,8 +171,10 @@ class SpecConfig:
     a `VerifyPolicy`.
     `trace` records every step (draft, verify length, accepted, bonus) in the stats.
     `engine` is "overlap" (decoding in a compute thread, one or two steps ahead of the
-    caller's detokenizing and rendering), "sync" (the plain loop) or "auto" (overlap on
-    CUDA, sync on the CPU, where torch runs slower from a second thread); same tokens.
+    caller's detokenizing and rendering; on CUDA a block drafter's steps also keep their
+    state on the device, so each step is queued before the host reads the one before,
+    engine/resident.py), "sync" (the plain loop) or "auto" (overlap on CUDA, sync on the
+    CPU, where torch runs slower from a second thread). Greedy output is the same.
     `cuda_graphs` replays the target's decode and verify steps as CUDA graphs on a CUDA
     device (engine/cuda_graphs.py); False keeps the eager forward. Ignored on the CPU.
     """

@@ -21,6 +21,7 @@ from specgen.engine.ar import generate_ar
 from specgen.engine.events import StepEvent
 from specgen.engine.loop import generate_speculative
 from specgen.engine.overlap import overlapped
+from specgen.engine.resident import generate_resident, resident_ready
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
 from specgen.hub import Notify, resolve_drafter, resolve_model
@@ -227,6 +228,13 @@ class Pipeline:
         engine = self.spec.engine
         return engine == "overlap" or (engine == "auto" and self.model.device.type == "cuda")
 
+    @property
+    def resident_steps(self) -> bool:
+        """Whether speculative steps keep their state on the device (engine/resident.py):
+        the overlap engine on CUDA, for drafters with fixed-shape draft steps. On the CPU
+        every op finishes before it returns, so there is nothing to queue ahead."""
+        return self.overlaps and self.model.device.type == "cuda"
+
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
         graphs = self.spec.cuda_graphs and self.model.device.type == "cuda"
@@ -308,9 +316,11 @@ class Pipeline:
                     stop_ids=stop_ids,
                 )
         else:
+            resident = self.resident_steps and resident_ready(session.drafter)
+            loop = generate_resident if resident else generate_speculative
 
             def make_events() -> Iterator[StepEvent]:
-                return generate_speculative(
+                return loop(
                     session.forward,
                     session.cache,
                     session.drafter,

@@ -96,8 +96,9 @@ EngineOpt = Annotated[
     str,
     typer.Option(
         "--engine",
-        help="overlap (decode in a compute thread, ahead of printing), sync (the plain "
-        "loop), or auto (overlap on CUDA, sync on the CPU).",
+        help="overlap (decode in a compute thread, ahead of printing; on CUDA each "
+        "speculative step is queued before the last one's result is read), sync (the "
+        "plain loop), or auto (overlap on CUDA, sync on the CPU).",
     ),
 ]
 CudaGraphsOpt = Annotated[

@@ -44,6 +44,7 @@ class Draft:
     confidence: torch.Tensor | None = None
     bucket: int = 0  # a class of drafts whose acceptance is tracked apart (e.g. match length)
     source: str | None = None  # which drafter proposed it, where several are mounted
+    probe: bool = False  # verified whatever the estimates say (the scheduler's probe)
 
     @property
     def length(self) -> int:
@@ -59,6 +60,7 @@ class Draft:
             confidence=None if self.confidence is None else self.confidence[:, :length],
             bucket=self.bucket,
             source=self.source,
+            probe=self.probe,
         )
 
 

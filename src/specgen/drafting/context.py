@@ -10,7 +10,10 @@ draft needs them (`ready`) and are then projected in one batch. At most `MAX_PEN
 tokens wait, which bounds the memory of a long run without drafts.
 
 Projection is per token (no attention across the context), so batching changes nothing
-but the floating-point order inside the matmuls.
+but the floating-point order inside the matmuls. The device-resident loop does not wait:
+it flushes what is pending (`ready`) and then writes every step's features itself at a
+position held on the device (`write_at`), telling the context its length when the host
+learns it (`assume`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ class DraftContext:
         self,
         cache: StaticKVCache,
         extend: Callable[[StaticKVCache, torch.Tensor], None],  # appends [1, T, F] features
+        extend_at: Callable[[StaticKVCache, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         self.cache = cache
         self._extend = extend
+        self._extend_at = extend_at  # writes features at a device-resident position
         self._pending: list[torch.Tensor] = []  # [1, T_i, F] each, in order
         self._pending_tokens = 0
 
@@ -71,3 +76,18 @@ class DraftContext:
     def _clear(self) -> None:
         self._pending = []
         self._pending_tokens = 0
+
+    # The device-resident loop (engine/resident.py) keeps the context length on the
+    # device: it writes every verified position's features where they belong and tells the
+    # host the true length only when it knows it.
+
+    def write_at(self, features: torch.Tensor, start: torch.Tensor) -> None:
+        """Project [1, T, F] features into positions [start, start + T) (start: [1] int64
+        on the device); nothing becomes committed (see `assume`)."""
+        assert self._extend_at is not None and not self._pending
+        self._extend_at(self.cache, features, start)
+
+    def assume(self, length: int) -> None:
+        """The first `length` positions, written by `write_at`, are the committed ones."""
+        assert not self._pending
+        self.cache.assume_written(length)

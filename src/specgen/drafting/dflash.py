@@ -13,16 +13,14 @@ the target's distribution; drafting at temperature would only change the accepta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
-from specgen.drafting.context import DraftContext
-from specgen.drafting.static_draft import StaticBlockDraft
+from specgen.drafting.static_draft import BlockDrafter, StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.engine.cuda_graphs import graphs_failed
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
 from specgen.models.dflash import DFlashNet, load_dflash
@@ -84,16 +82,17 @@ class DFlashMethod:
         return DFlashDrafter(self, capacity)
 
 
-class DFlashDrafter:
+class DFlashDrafter(BlockDrafter):
     options = (DraftOption(),)  # one kind of draft: the scheduler may skip it when it won't pay
 
     def __init__(self, method: DFlashMethod, capacity: int) -> None:
         self.net, self.target = method.net, method.target
+        self.backbone = method.net
         self.vocab = method.vocab
         self.block_size = method.block_size
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = method.net.args.target_layer_ids
-        self.context = DraftContext(self.net.new_cache(capacity), self.net.extend)
+        self.context = self.new_context(capacity)
         self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the draft step as a CUDA graph
         if method.cuda_graphs and self.net.static_ready:
@@ -114,12 +113,6 @@ class DFlashDrafter:
             return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
         return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
 
-    def rollback(self, length: int) -> None:
-        self.context.rollback(length)
-
-    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
-        self.context.append(torch.cat([taps[i] for i in self.taps], dim=-1))  # [1, T, K*H]
-
     @torch.inference_mode()
     def propose(
         self,
@@ -132,12 +125,21 @@ class DFlashDrafter:
         if k <= 0:
             return empty_draft(self.target.device)
         cache = self.context.ready()
-        if self.static is not None:
-            try:
-                return self.static(anchor, cache.length, k)
-            except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
-                self.static = None
-                graphs_failed(e)
+        draft = self._graphed(anchor, cache.length, k)
+        if draft is not None:
+            return draft
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
         return self._draft(self.net.block_hidden(cache, block)[:, 1 : k + 1])
+
+    @torch.inference_mode()
+    def draft_at(
+        self,
+        anchor: torch.Tensor,  # [1, 1] int64 on the device
+        start: torch.Tensor,  # [1] int64 on the device: the context length
+        k: int,
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        """`propose` for the device-resident loop (always greedy, as `propose`)."""
+        return self._fixed(anchor, start, k)

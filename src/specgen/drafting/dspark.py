@@ -12,17 +12,15 @@ drafter) feed the verify-length scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from specgen.config import SamplingParams
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
-from specgen.drafting.context import DraftContext
-from specgen.drafting.static_draft import StaticBlockDraft
+from specgen.drafting.static_draft import BlockDrafter, StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.engine.cuda_graphs import graphs_failed
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -170,7 +168,7 @@ class DSparkMethod:
         return DSparkDrafter(self, capacity)
 
 
-class DSparkDrafter:
+class DSparkDrafter(BlockDrafter):
     # one kind of draft. Its confidences come only with the draft, which costs a drafter
     # forward; whether to draft at all is judged from earlier steps' acceptance instead.
     options = (DraftOption(),)
@@ -180,8 +178,8 @@ class DSparkDrafter:
         self.net, self.target = method.net, method.target
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = self.net.args.backbone.target_layer_ids
-        backbone = self.net.backbone
-        self.context = DraftContext(backbone.new_cache(capacity), backbone.extend)
+        self.backbone = backbone = self.net.backbone
+        self.context = self.new_context(capacity)
         self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the greedy draft step as a CUDA graph
         if method.cuda_graphs and backbone.static_ready:
@@ -213,12 +211,6 @@ class DSparkDrafter:
             self.net, base, slots, anchor, params, generator, self.method.calibration, vocab
         )
 
-    def rollback(self, length: int) -> None:
-        self.context.rollback(length)
-
-    def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
-        self.context.append(torch.cat([taps[i] for i in self.taps], dim=-1))  # [1, T, K*H]
-
     @torch.inference_mode()
     def propose(
         self,
@@ -231,13 +223,27 @@ class DSparkDrafter:
         if k <= 0:
             return empty_draft(self.target.device)
         cache = self.context.ready()
-        if self.static is not None and (params.greedy or generator is None):
-            try:
-                return self.static(anchor, cache.length, k)
-            except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
-                self.static = None
-                graphs_failed(e)
+        if params.greedy or generator is None:
+            draft = self._graphed(anchor, cache.length, k)
+            if draft is not None:
+                return draft
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
         hidden = self.net.backbone.block_hidden(cache, block)
         return self._draw(hidden, anchor, k, params, generator)
+
+    @torch.inference_mode()
+    def draft_at(
+        self,
+        anchor: torch.Tensor,  # [1, 1] int64 on the device
+        start: torch.Tensor,  # [1] int64 on the device: the context length
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """`propose` for the device-resident loop. A sampled draft draws from the host's
+        generator, so only its backbone has fixed shapes and it runs eagerly."""
+        if params.greedy or generator is None:
+            return self._fixed(anchor, start, k)
+        hidden = self._eager_step().hidden(anchor, start)
+        return self._draw(hidden, anchor.view(1), k, params, generator)

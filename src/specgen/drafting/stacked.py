@@ -18,6 +18,7 @@ methods); each is validated against the target as it would be alone.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -125,6 +126,7 @@ class StackedDrafter:
         self.step = 0
         self._pending: tuple[int, int] | None = None  # (drafter, draft length) in flight
         self._selected: int | None = None  # picked by the scheduler for the next draft
+        self._in_flight: deque[tuple[int, int]] = deque()  # the resident loop's pendings
         self.options = tuple(
             DraftOption(bucket=i, seconds=s) for i, s in enumerate(method.draft_seconds)
         )
@@ -135,6 +137,7 @@ class StackedDrafter:
 
     def rollback(self, length: int) -> None:
         self._pending = self._selected = None  # an interrupted step is evidence of nothing
+        self._in_flight.clear()
         for d in self.drafters:
             d.rollback(length)
 
@@ -153,6 +156,12 @@ class StackedDrafter:
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
+        chosen = self._choose()
+        draft = self.drafters[chosen].propose(anchor, max_tokens, params, generator)
+        self._pending = (chosen, draft.length)
+        return replace(draft, bucket=chosen, source=self.method.names[chosen])
+
+    def _choose(self) -> int:
         self.step += 1
         chosen = self._selected
         if chosen is None:  # no cost scheduler picked: the selector's choice
@@ -163,6 +172,42 @@ class StackedDrafter:
                 step_seconds=self.method.step_seconds,
             )
         self._selected = None
-        draft = self.drafters[chosen].propose(anchor, max_tokens, params, generator)
-        self._pending = (chosen, draft.length)
+        return chosen
+
+    # The device-resident loop (engine/resident.py; see drafting/static_draft.py). Its
+    # steps are recorded for the selector when the host learns them, a step late.
+
+    @property
+    def resident(self) -> bool:
+        return all(getattr(d, "resident", False) for d in self.drafters)
+
+    def begin_resident(self) -> None:
+        self._in_flight.clear()
+        for d in self.drafters:
+            d.begin_resident()
+
+    def draft_at(
+        self,
+        anchor: torch.Tensor,
+        start: torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        chosen = self._choose()
+        draft = self.drafters[chosen].draft_at(anchor, start, k, params, generator)
+        self._in_flight.append((chosen, draft.length))
         return replace(draft, bucket=chosen, source=self.method.names[chosen])
+
+    def observe_at(self, taps: Mapping[int, torch.Tensor], start: torch.Tensor) -> None:
+        for d in self.drafters:
+            d.observe_at({i: taps[i] for i in d.taps}, start)
+
+    def assume(self, length: int, committed: int | None = None) -> None:
+        """As each drafter's; `committed`: tokens a drafted step committed (the oldest in
+        flight), for the selector."""
+        for d in self.drafters:
+            d.assume(length)
+        if committed is not None and self._in_flight:
+            chosen, proposed = self._in_flight.popleft()
+            self.records = record_step(self.records, chosen, self.step, committed, proposed)

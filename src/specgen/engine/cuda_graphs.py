@@ -69,12 +69,13 @@ class _Step:
         model: Transformer,
         cache: StaticKVCache,
         tokens: torch.Tensor,  # [1, T]: the first call's, also used to warm up
-        start: int,
+        start: int | torch.Tensor,  # its position (a host int, or [1] int64 on the device)
         taps: tuple[int, ...],
         pool,
     ) -> None:
         self.tokens = tokens.clone()
-        self.start = torch.tensor([start], dtype=torch.long, device=tokens.device)
+        self.start = torch.zeros(1, dtype=torch.long, device=tokens.device)
+        self._place(start)
         # Warm-up and capture write K/V at [start, start + T): the range this call reserved,
         # and which the replay overwrites with the same values.
         self.replay = Replay(
@@ -85,15 +86,21 @@ class _Step:
     def graph(self) -> torch.cuda.CUDAGraph | None:
         return self.replay.graph
 
-    def __call__(self, tokens: torch.Tensor, start: int) -> ForwardOutput:
+    def __call__(self, tokens: torch.Tensor, start: int | torch.Tensor) -> ForwardOutput:
         self.tokens.copy_(tokens, non_blocking=True)
-        self.start.fill_(start)
+        self._place(start)
         out = self.replay()
         if self.graph is None:
             return out
         return ForwardOutput(
             logits=out.logits.clone(), taps={i: h.clone() for i, h in out.taps.items()}
         )
+
+    def _place(self, start: int | torch.Tensor) -> None:
+        if isinstance(start, torch.Tensor):
+            self.start.copy_(start.view(1))
+        else:
+            self.start.fill_(start)
 
 
 class GraphedForward:
@@ -109,10 +116,7 @@ class GraphedForward:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._steps: dict[tuple[int, tuple[int, ...]], _Step] = {}
         self.failed: str | None = None  # why a capture failed: eager from then on
-        # the masked attention weighs dead positions by 0, so they must hold finite values
-        # (an empty cache may hold any bit pattern, NaN included)
-        cache.k.zero_()
-        cache.v.zero_()
+        cache.make_finite()  # the masked attention reads dead positions (weighted by 0)
 
     @property
     def device(self) -> torch.device:
@@ -148,19 +152,47 @@ class GraphedForward:
         if not static or self.failed:  # a prefill or anything unusual: the eager forward
             return self.model(tokens, cache, taps=taps, num_logits=num_logits, pad=pad)
         start = cache.reserve(t)
-        key = (t, tuple(taps))
-        step = self._steps.get(key)
+        step = self._step(tokens, start, tuple(taps))
         if step is None:
-            try:
-                step = _Step(self.model, cache, tokens, start, key[1], self._pool)
-            except RuntimeError as e:  # an op this setup cannot capture: decode eagerly
-                self.failed = graphs_failed(e)
-                cache.rollback(start)  # drop the reservation; the eager forward writes
-                return self.model(tokens, cache, taps=taps)
-            self._steps[key] = step
+            cache.rollback(start)  # drop the reservation; the eager forward writes
+            return self.model(tokens, cache, taps=taps)
         out = step(tokens, start)
         cache.commit(start + t)
         return out
+
+    @torch.inference_mode()
+    def forward_static(
+        self,
+        tokens: torch.Tensor,  # [1, T]
+        cache: StaticKVCache,
+        start: torch.Tensor,  # [1] int64 on the device
+        *,
+        taps: tuple[int, ...] = (),
+    ) -> ForwardOutput:
+        """`Transformer.forward_static` (the device-resident loop's step), replayed from
+        this session's graph for T tokens when there is one."""
+        t = tokens.shape[1]
+        if cache is not self.cache or not 1 <= t <= self.max_tokens or self.failed:
+            return self.model.forward_static(tokens, cache, start, taps=taps)
+        step = self._step(tokens, start, tuple(taps))
+        if step is None:
+            return self.model.forward_static(tokens, cache, start, taps=taps)
+        return step(tokens, start)
+
+    def _step(
+        self, tokens: torch.Tensor, start: int | torch.Tensor, taps: tuple[int, ...]
+    ) -> _Step | None:
+        """The graph for this step size, captured now if new; None if capture failed."""
+        key = (tokens.shape[1], taps)
+        step = self._steps.get(key)
+        if step is None:
+            try:
+                step = _Step(self.model, self.cache, tokens, start, taps, self._pool)
+            except RuntimeError as e:  # an op this setup cannot capture: decode eagerly
+                self.failed = graphs_failed(e)
+                return None
+            self._steps[key] = step
+        return step
 
 
 def graphs_failed(error: Exception) -> str:

@@ -33,7 +33,7 @@ from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
 
 
-def _cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
+def cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
     """The part of `tokens` to emit, and why the answer ends (None: it goes on)."""
     for i, token in enumerate(tokens):
         if token in stop_ids:
@@ -46,6 +46,30 @@ def _cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int])
 def _confidences(draft: Draft) -> tuple[float, ...]:
     # sync: tiny, next to the drafted tokens' own copy; stats and traces need host floats
     return () if draft.confidence is None else tuple(draft.confidence[0].tolist())
+
+
+def prefill(
+    model: Transformer,
+    cache: StaticKVCache,
+    drafter: Drafter,
+    new_ids: list[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop_ids: frozenset[int],
+) -> tuple[torch.Generator, torch.Tensor, StepEvent]:
+    """Prefill `new_ids` (the drafter observes them) and draw the first token: the
+    request's generator, the first token as the anchor on the device [1, 1], and the
+    first step's event (its `bonus` is the anchor)."""
+    generator = make_generator(params, model.device)
+    ids = torch.tensor([new_ids], device=model.device)
+    out = model(ids, cache, taps=drafter.taps, num_logits=1)
+    drafter.observe(new_ids, out.taps)
+    first = sample(out.logits[:, -1], params, generator)
+    anchor = int(first)  # sync: first token
+    tokens, finish = cut([anchor], 0, max_new_tokens, stop_ids)
+    if finish is None and cache.free == 0:
+        finish = "context"
+    return generator, first.view(1, 1), StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
 
 
 @torch.inference_mode()
@@ -66,17 +90,11 @@ def generate_speculative(
     tokens per second (from earlier steps only); without it every draft is verified whole.
     """
     device = model.device
-    generator = make_generator(params, device)
-    prefill = model(torch.tensor([new_ids], device=device), cache, taps=drafter.taps, num_logits=1)
-    drafter.observe(new_ids, prefill.taps)
-    first = sample(prefill.logits[:, -1], params, generator)
-    anchor_t = first.view(1, 1)  # the anchor stays on the device too, for the next block
-    anchor = int(first)  # sync: first token
-    tokens, finish = _cut([anchor], 0, max_new_tokens, stop_ids)
-    produced = len(tokens)
-    if finish is None and cache.free == 0:
-        finish = "context"
-    yield StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
+    generator, anchor_t, first = prefill(
+        model, cache, drafter, new_ids, params, max_new_tokens, stop_ids
+    )
+    yield first
+    anchor, finish, produced = first.bonus, first.finish, len(first.tokens)
     while finish is None:
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
         options = getattr(drafter, "options", ())
@@ -111,7 +129,7 @@ def generate_speculative(
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
         kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
         drafter.observe([anchor, *drafted[:accepted]], kept)
-        tokens, finish = _cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
+        tokens, finish = cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
         produced += len(tokens)
         if finish is None and cache.free == 0:  # nowhere to put the next anchor
             finish = "context"

@@ -1,7 +1,8 @@
 """The overlap engine: decoding steps run one or two ahead of the caller's host work.
 
-`overlapped(make_events)` runs a decoding loop (`engine/loop.py` or `engine/ar.py`, the
-same code, so the same tokens and stats) in a compute thread and hands each step's
+`overlapped(make_events)` runs a decoding loop (`engine/loop.py`, `engine/ar.py`, or on
+CUDA `engine/resident.py`: the same loops as without it, so the same tokens and stats) in
+a compute thread and hands each step's
 `StepEvent` to the caller through a small bounded queue. While the compute thread runs
 step N+1, the caller's thread detokenizes, updates stats and renders step N; torch
 releases the GIL inside its kernels, so the two really run at once. The queue holds at
@@ -23,15 +24,18 @@ Host syncs (each marked `# sync:` where it is):
 - engine/ar.py: the sampled token, which the host needs to stop, detokenize and stream. On
   CUDA the next token's forward is queued before it (lookahead), so the device is busy
   while the host waits, checks and hands the token over.
-- engine/loop.py: the first token after the prefill; the drafted tokens (for stats, the
-  trace and the committed run), read only after the verify forward is queued on a block
-  built on the device from the device-resident anchor; the accepted count and the bonus,
-  which decide the rollback, what the drafter observes and the next anchor; and a DSpark
+- engine/loop.py (the sync engine, the CPU, and the n-gram drafter, which drafts from
+  the committed tokens themselves): the first token after the prefill; the drafted
+  tokens (for stats, the trace and the committed run), read only after the verify
+  forward is queued on a block built on the device from the device-resident anchor; the
+  accepted count and the bonus, which decide the rollback, what the drafter observes and
+  the next anchor; and a DSpark
   draft's confidences, which the verify-length rule reads on the host.
-All of them run in the compute thread here, off the caller's path. Not done (it needs a GPU
-to build and measure): the speculative step with the accept count and committed length
-kept on the device, so step N+1 is queued before step N's accept count reaches the host;
-today each speculative step waits for its own accept count. The target's decode and
+- engine/resident.py (the speculative loop on CUDA, for DFlash, DSpark and stacked): the
+  first token after the prefill, and per step the event of the step before: the committed
+  length, the anchor and the accept count stay on the device, so step N+1 is queued before
+  step N's results reach the host.
+All of them run in the compute thread here, off the caller's path. The target's decode and
 verify steps and the greedy DFlash and DSpark draft steps replay as CUDA graphs
 (engine/cuda_graphs.py, drafting/static_draft.py).
 """

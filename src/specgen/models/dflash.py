@@ -168,13 +168,26 @@ class DFlashNet(nn.Module):
     def extend(self, cache: StaticKVCache, features: torch.Tensor) -> None:
         """Append the context K/V of T committed tokens. features: [1, T, K*H]."""
         start, t = cache.length, features.shape[1]
-        ctx = rms_norm(
-            linear(features, self.fc, None), self.hidden_norm, self.args.layers.rms_norm_eps
-        )
+        ctx = self._context(features)
         cos, sin = self._cos[start : start + t], self._sin[start : start + t]
         for i, layer in enumerate(self.layers):
             cache.write(i, *layer.project_kv(ctx, cos, sin))
         cache.commit(start + t)
+
+    @torch.inference_mode()
+    def extend_at(self, cache: StaticKVCache, features: torch.Tensor, start: torch.Tensor) -> None:
+        """`extend` at a position held in device memory ([1] int64), committing nothing:
+        the device-resident loop writes every verified position's features and keeps the
+        context length on the device (engine/resident.py)."""
+        positions, _, cos, sin = device_positions(start, features.shape[1], self._cos, self._sin)
+        ctx = self._context(features)
+        for i, layer in enumerate(self.layers):
+            cache.write_at(i, positions, *layer.project_kv(ctx, cos, sin))
+
+    def _context(self, features: torch.Tensor) -> torch.Tensor:  # [1, T, K*H] -> [1, T, H]
+        return rms_norm(
+            linear(features, self.fc, None), self.hidden_norm, self.args.layers.rms_norm_eps
+        )
 
     @torch.inference_mode()
     def block_hidden(self, cache: StaticKVCache, x: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ class StaticKVCache:
         self.capacity = capacity
         self.length = 0  # positions [0, length) hold committed tokens
         self._written = 0  # end of the last write; commit may not go past it
+        self._finite = False  # every position past `length` holds a finite value
 
     def write(
         self,
@@ -77,6 +78,22 @@ class StaticKVCache:
         """Store K/V at positions held in device memory (no host value: graph-capturable)."""
         self.k[layer].index_copy_(2, positions, k)
         self.v[layer].index_copy_(2, positions, v)
+
+    def make_finite(self) -> None:
+        """Zero every position never written. The masked (graph-capturable) attention
+        weighs positions past the length by 0, and 0 * NaN from `empty` memory is NaN;
+        written positions are finite, so this is needed once per cache."""
+        if not self._finite:
+            self.k[:, :, :, self.length :].zero_()
+            self.v[:, :, :, self.length :].zero_()
+            self._finite = True
+
+    def assume_written(self, length: int) -> None:
+        """Positions [0, length) were written through `write_at` by steps whose lengths
+        lived on the device (engine/resident.py); make them the committed ones."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"assume_written({length}) outside [0, {self.capacity}]")
+        self.length = self._written = length
 
     def commit(self, length: int) -> None:
         """Make the first `length` positions valid; they must have been written."""

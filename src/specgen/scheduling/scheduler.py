@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from specgen.drafting.base import Draft, DraftOption
 from specgen.scheduling.acceptance import AcceptanceTracker
@@ -32,18 +33,25 @@ class VerifyScheduler:
         self.tracker = AcceptanceTracker(costs.max_drafts if costs else DEFAULT_POSITIONS)
         self._skips = 0  # consecutive skipped drafts
         self._probe_after = PROBE_AFTER[0]
-        self._probing = False
+        self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
+        self._probes_out = 0  # probes trimmed but not yet recorded (the resident loop lags)
         self._draft_seconds: dict[int, float] = {}  # per bucket, from the options seen
 
-    def decide(self, draft: Draft, context: int) -> VerifyDecision:
-        """How many of `draft`'s tokens to verify. `context`: tokens in the target cache."""
+    def decide(
+        self, draft: Draft, context: int, confidence: Sequence[float] | None = None
+    ) -> VerifyDecision:
+        """How many of `draft`'s tokens to verify. `context`: tokens in the target cache.
+        `confidence`: estimates to judge by instead of the draft's own confidences, e.g.
+        the same drafter's previous ones, already on the host (engine/resident.py)."""
         length = draft.length
         if self.costs is not None:
             length = min(length, self.costs.max_drafts)
-        if draft.confidence is not None:  # the drafter's own estimates for these tokens
-            conditional = draft.confidence[0, :length].tolist()
-        else:  # learned from earlier steps' drafts of the same kind
-            conditional = self.tracker.rates(draft.bucket, length)
+        if confidence is None and draft.confidence is not None:
+            # sync: the drafter's own estimates for these tokens
+            confidence = draft.confidence[0, :length].tolist()
+        known = [] if confidence is None else list(confidence[:length])
+        # positions without a confidence: learned from earlier drafts of the same kind
+        conditional = known + self.tracker.rates(draft.bucket, length)[len(known) :]
         if self.policy.kind == "full":
             return full_length(conditional)
         if self.policy.kind == "threshold":
@@ -81,9 +89,9 @@ class VerifyScheduler:
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
         if rates[best] > 1.0 / steps[0]:
             return options[best].bucket
-        if self._skips < self._probe_after:
-            return None
-        self._probing = True
+        if self._skips < self._probe_after or self._probes_out:
+            return None  # (one probe at a time: the resident loop records a step late)
+        self._probe_next = True
         return options[best].bucket
 
     def skipped(self) -> None:
@@ -93,13 +101,15 @@ class VerifyScheduler:
         it cost DFlash about 5% of its speed on text where drafting never pays)."""
         self._skips += 1
 
-    def trim(self, draft: Draft, context: int) -> Draft:
-        """The draft cut to the chosen verify length."""
+    def trim(self, draft: Draft, context: int, confidence: Sequence[float] | None = None) -> Draft:
+        """The draft cut to the chosen verify length (`confidence`: see `decide`)."""
         if draft.length == 0:
             return draft
-        if self._probing:
-            return draft.truncated(PROBE_LENGTH)
-        return draft.truncated(self.decide(draft, context).length)
+        if self._probe_next:
+            self._probe_next = False
+            self._probes_out += 1
+            return replace(draft.truncated(PROBE_LENGTH), probe=True)
+        return draft.truncated(self.decide(draft, context, confidence).length)
 
     def record(self, draft: Draft, accepted: int, proposed: int | None = None) -> None:
         """After verification of `draft` (already trimmed from `proposed` tokens): `accepted`
@@ -119,10 +129,10 @@ class VerifyScheduler:
         if verified == 0:  # a plain decoding step (`skipped`): no evidence, and not a probe
             return
         self.tracker.record(draft.bucket, verified, accepted)
-        if self._probing:
+        if draft.probe:
             failed = accepted == 0
             self._probe_after = (
                 min(2 * self._probe_after, PROBE_AFTER[1]) if failed else PROBE_AFTER[0]
             )
-            self._probing = False
+            self._probes_out -= 1
         self._skips = 0

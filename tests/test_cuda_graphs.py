@@ -104,6 +104,25 @@ def test_static_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash, tiny_ds
     assert static.drafter.static._replay is not None  # the static step really drafted
 
 
+def test_sampled_dspark_draft_step_has_fixed_shapes(tiny_qwen3_deep, tiny_dspark):
+    """A sampled DSpark draft reads its races from a buffer filled before the step, so the
+    fixed-shape step (a CUDA graph on CUDA) drafts what the eager draft does, seed for
+    seed, distributions included."""
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    spec = SpecConfig(method="dspark", drafter=str(tiny_dspark), verify_policy="full", trace=True)
+    pipe = ar.with_spec(spec)
+    eager, static = pipe.new_session(), pipe.new_session()
+    static.drafter.static = static.drafter.static_draft(capture=False)
+    for seed, top_p in ((1, 1.0), (2, 0.9)):
+        params = SamplingParams(temperature=0.8, top_k=30, top_p=top_p, seed=seed)
+        kw = dict(sampling=params, max_new_tokens=24)
+        want = pipe.generate("The quick brown fox", session=eager, **kw)
+        got = pipe.generate("The quick brown fox", session=static, **kw)
+        assert got.token_ids == want.token_ids
+        assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
+    assert len(static.drafter._sampled_steps) == 2  # one step per filter setting
+
+
 def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monkeypatch):
     from specgen.engine import cuda_graphs
 

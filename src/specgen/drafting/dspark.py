@@ -5,9 +5,10 @@ rolled back with the target, as for DFlash), takes the LM-head logits of the dra
 then walks the slots left to right: add the Markov bias of the previous token, draw the
 token (argmax at temperature 0; otherwise a sample from the corrected distribution after
 the request's temperature / top-k / top-p, whose probabilities go to the verifier so
-rejection sampling stays exact), and read the confidence head before the draw. The
-confidences (per-position temperature-calibrated when `specgen calibrate` has fitted the
-drafter) feed the verify-length scheduler.
+rejection sampling stays exact; an exponential race over noise drawn up front, so the
+sampled draft step has fixed device ops and replays as a CUDA graph too), and read the
+confidence head before the draw. The confidences (per-position temperature-calibrated when
+`specgen calibrate` has fitted the drafter) feed the verify-length scheduler.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from specgen.config import SamplingParams
 from specgen.drafting.base import Draft, DraftOption, empty_draft, register
 from specgen.drafting.static_draft import BlockDrafter, StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
+from specgen.engine.cuda_graphs import graphs_failed
 from specgen.engine.sampling import probabilities
 from specgen.errors import SpecgenError
 from specgen.hub import resolve_drafter
@@ -43,12 +45,21 @@ def markov_draw(
     generator: torch.Generator | None,
     calibration: Calibration | None = None,
     vocab: DraftVocab | None = None,
+    noise: torch.Tensor | None = None,
 ) -> Draft:
     """Draw k draft tokens left to right through the Markov head. With `vocab`, `base`
-    covers only its tokens ([k, V']) and so does every draw."""
-    if (params.greedy or generator is None) and _fused(net, base):
+    covers only its tokens ([k, V']) and so does every draw.
+
+    A sampled draw is an exponential race: token j is argmax(q_j / E_j) with E_j ~ Exp(1)
+    per token, which picks i with probability q_j(i). The races' `noise` ([>= k, V'],
+    Exp(1)) is drawn up front, from `generator` when not given: with it as an input the
+    whole draw is a fixed sequence of device ops, which a CUDA graph can replay."""
+    greedy = params.greedy or (generator is None and noise is None)
+    if greedy and _fused(net, base):
         return _fused_greedy(net, base, hidden, anchor, calibration, vocab)
     k = base.shape[0]
+    if not greedy and noise is None:
+        noise = race_noise(k, base.shape[1], generator, base.device)
     prev = anchor
     if not isinstance(prev, torch.Tensor):
         prev = torch.tensor([anchor], device=base.device)
@@ -62,11 +73,11 @@ def markov_draw(
         if net.args.markov_rank:
             bias, state = net.markov_step(prev, h, state, None if vocab is None else vocab.ids)
             logits = logits + bias
-        if params.greedy or generator is None:
+        if greedy:
             index = logits.argmax(dim=-1)
         else:
             q = probabilities(logits, params)
-            index = torch.multinomial(q, 1, generator=generator)[:, 0]
+            index = (q / noise[j : j + 1]).argmax(dim=-1)  # a draw from q
             dists.append(
                 q if vocab is None else vocab.to_full(q, net.args.backbone.layers.vocab_size)
             )
@@ -83,6 +94,13 @@ def markov_draw(
         probs=torch.cat(dists)[None] if dists else None,
         confidence=confidence,
     )
+
+
+def race_noise(
+    rows: int, vocab: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """Exp(1) noise for `rows` sampled Markov draws over `vocab` tokens."""
+    return torch.empty(rows, vocab, device=device).exponential_(generator=generator)
 
 
 def _fused(net: DSparkNet, base: torch.Tensor) -> bool:
@@ -182,18 +200,25 @@ class DSparkDrafter(BlockDrafter):
         self.context = self.new_context(capacity)
         self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the greedy draft step as a CUDA graph
+        # sampled draft steps, one per (temperature, top-k, top-p), with their noise buffers
+        self._sampled_steps: dict[tuple, tuple[StaticBlockDraft, torch.Tensor]] = {}
         if method.cuda_graphs and backbone.static_ready:
             self.static = self.static_draft(capture=True)
 
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:
         """The greedy draft step with fixed shapes (see drafting/static_draft.py): the
         backbone, the head over the draft slots and the Markov draw, all on the device."""
+        return self._step(SamplingParams(), None, capture)
 
+    def _step(
+        self, params: SamplingParams, noise: torch.Tensor | None, capture: bool
+    ) -> StaticBlockDraft:
         def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> Draft:
-            return self._draw(hidden, anchor, self.max_draft_tokens, SamplingParams(), None)
+            return self._draw(hidden, anchor, self.max_draft_tokens, params, noise)
 
-        backbone = self.net.backbone
-        return StaticBlockDraft(self.context, backbone, self.target, self._masks, finish, capture)
+        return StaticBlockDraft(
+            self.context, self.backbone, self.target, self._masks, finish, capture
+        )
 
     def _draw(
         self,
@@ -201,15 +226,49 @@ class DSparkDrafter(BlockDrafter):
         anchor: int | torch.Tensor,
         k: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        noise: torch.Tensor | None,  # the races of a sampled draw (`race_noise`)
     ) -> Draft:
         """The first k slots' draft: their head logits, then the Markov draw."""
         first, vocab = self.net.args.first_slot, self.method.vocab
         slots = hidden[0, first : first + k]
         base = self.target.head(slots) if vocab is None else vocab.logits(slots)
         return markov_draw(
-            self.net, base, slots, anchor, params, generator, self.method.calibration, vocab
+            self.net, base, slots, anchor, params, None, self.method.calibration, vocab, noise
         )
+
+    def _noise(self, generator: torch.Generator | None) -> torch.Tensor:
+        """A sampled draft's races, for every slot whatever the draft's length, so that the
+        generator advances the same in every path (eager, graph, sync, resident)."""
+        vocab = self.method.vocab
+        width = self.target.lm_head.shape[0] if vocab is None else vocab.ids.numel()
+        return race_noise(self.max_draft_tokens, width, generator, self.target.device)
+
+    def _sampled(
+        self,
+        anchor: int | torch.Tensor,
+        start: int | torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """A sampled draft from the fixed-shape step of these sampling filters, with the
+        races drawn into its input buffer first: a CUDA graph with graphs on (one per
+        filter setting), else the same step eagerly."""
+        noise = self._noise(generator)
+        key = (params.temperature, params.top_k, params.top_p)
+        if key not in self._sampled_steps:
+            buffer = torch.empty_like(noise)
+            capture = self.method.cuda_graphs and self.static is not None
+            self._sampled_steps[key] = (self._step(params, buffer, capture), buffer)
+        step, buffer = self._sampled_steps[key]
+        buffer.copy_(noise)
+        try:
+            return step(anchor, start, k)
+        except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
+            graphs_failed(e)
+            self.static = None
+            self._sampled_steps[key] = (self._step(params, buffer, False), buffer)
+            return self._sampled_steps[key][0](anchor, start, k)
 
     @torch.inference_mode()
     def propose(
@@ -223,14 +282,17 @@ class DSparkDrafter(BlockDrafter):
         if k <= 0:
             return empty_draft(self.target.device)
         cache = self.context.ready()
-        if params.greedy or generator is None:
+        greedy = params.greedy or generator is None
+        if greedy:
             draft = self._graphed(anchor, cache.length, k)
             if draft is not None:
                 return draft
+        elif self.static is not None:  # graphs on: the sampled step is one too
+            return self._sampled(anchor, cache.length, k, params, generator)
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
         block = self.target.embed_tokens(ids)
         hidden = self.net.backbone.block_hidden(cache, block)
-        return self._draw(hidden, anchor, k, params, generator)
+        return self._draw(hidden, anchor, k, params, None if greedy else self._noise(generator))
 
     @torch.inference_mode()
     def draft_at(
@@ -241,9 +303,7 @@ class DSparkDrafter(BlockDrafter):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        """`propose` for the device-resident loop. A sampled draft draws from the host's
-        generator, so only its backbone has fixed shapes and it runs eagerly."""
+        """`propose` for the device-resident loop."""
         if params.greedy or generator is None:
             return self._fixed(anchor, start, k)
-        hidden = self._eager_step().hidden(anchor, start)
-        return self._draw(hidden, anchor.view(1), k, params, generator)
+        return self._sampled(anchor, start, k, params, generator)

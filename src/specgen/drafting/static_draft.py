@@ -7,8 +7,8 @@ the step (backbone, then the drafter's own `finish`: head and argmax, or DSpark'
 draw) is captured once and replayed at any length (engine/cuda_graphs.py). It drafts the
 full block; a shorter draft is a prefix of it, since every head drafts left to right.
 With `capture` False it runs the same code eagerly: the CPU tests, and the device-resident
-loop (engine/resident.py) where graphs are off. Greedy only; a sampled draft draws from a
-host generator, so only its backbone runs here (`hidden`), eagerly.
+loop (engine/resident.py) where graphs are off. A sampled draft (DSpark) reads its random
+numbers from a buffer the drafter fills before each call, so it has fixed shapes too.
 """
 
 from __future__ import annotations
@@ -54,14 +54,11 @@ class StaticBlockDraft:
         if self._replay is None:
             self._replay = Replay(self._draft, self._pool)
         full = self._replay()
-        confidence = None if full.confidence is None else full.confidence[:, :k].clone()
-        return Draft(tokens=full.tokens[:, :k].clone(), confidence=confidence)
-
-    def hidden(self, anchor: int | torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
-        """The block's backbone outputs [1, B, H], eagerly (never captured): for a draft
-        that samples from a host generator and so cannot be a graph."""
-        self._place(anchor, start)
-        return self._block_hidden()
+        return Draft(
+            tokens=full.tokens[:, :k].clone(),
+            probs=None if full.probs is None else full.probs[:, :k].clone(),
+            confidence=None if full.confidence is None else full.confidence[:, :k].clone(),
+        )
 
     def _block_hidden(self) -> torch.Tensor:
         block = self._target.embed_tokens(self.ids)

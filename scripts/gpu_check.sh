@@ -8,6 +8,8 @@
 #      whole DFlash / DSpark steps in the sync loop and the device-resident loop
 #      (benchmarks/engine_steps.py);
 # and write everything to $OUT (default ./gpu-results). Meant to finish in under 8 minutes.
+# The embedded default model end to end on CUDA is a separate call when device time is
+# left: scripts/split_default_gguf.sh (here), then scripts/gpu_default_bench.sh (there).
 set -uo pipefail
 OUT="${OUT:-gpu-results}"
 mkdir -p "$OUT"

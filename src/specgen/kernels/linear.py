@@ -7,9 +7,11 @@ decides whether that streaming uses the whole memory bandwidth:
 - 1 row: `F.linear` is a matrix-vector product BLAS runs on one thread. Viewing W [out, in]
   as S blocks [S, out/S, in] (the same memory) and multiplying W-side-first, W @ x^T, as a
   batch spreads it over all threads and streams W at full bandwidth.
-- 2..8 rows: W @ x^T (W as the left operand, few columns) is threaded by BLAS and streams
+- 2..5 rows: W @ x^T (W as the left operand, few columns) is threaded by BLAS and streams
   W once; x @ W^T, what `F.linear` does, is several times slower for these shapes.
-- 9..16 rows: the batched split on the x side is fastest.
+- 6..16 rows: the batched split on the x side is fastest (for 6-8 rows a whole SmolLM2
+  verify forward took 0.83-0.87x of W @ x^T's time, interleaved A/B on this CPU; at 4-5
+  rows it was 1.01-1.11x, so those stay W-left).
 - more rows (a prefill): plain `F.linear`, compute-bound and well threaded.
 
 Measured on a 2-core AMD EPYC (AVX2), all matmuls of one SmolLM2-135M step in fp32
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-MAX_W_LEFT_ROWS = 8  # up to here W @ x^T wins
+MAX_W_LEFT_ROWS = 5  # up to here W @ x^T wins
 MAX_SPLIT_ROWS = 16  # up to a verify block; beyond, BLAS threads well on its own
 _MIN_ROWS_PER_BLOCK = 64  # below this the batching overhead outweighs the gain
 

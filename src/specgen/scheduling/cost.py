@@ -135,6 +135,11 @@ def _write_json(path, record: dict) -> None:
     tmp.replace(path)
 
 
+# Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
+# (2: few-row CPU matmul paths retuned, draft vocabularies through them).
+KERNELS_REVISION = 2
+
+
 def cached_costs(
     model: Transformer,
     key: str,
@@ -149,7 +154,10 @@ def cached_costs(
     With `method`, the table also carries that drafter's time per step (cached under
     `drafter_key`, which must identify the drafter and its settings)."""
     threads = torch.get_num_threads()
-    ident = f"{key}|{model.dtype}|{model.device}|threads={threads}|torch={torch.__version__}"
+    ident = (
+        f"{key}|{model.dtype}|{model.device}|threads={threads}|torch={torch.__version__}"
+        f"|kernels={KERNELS_REVISION}"
+    )
     table = _load_table(_cache_path(ident), max_drafts)
     if table is None:
         if notify:

@@ -14,15 +14,16 @@ from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 
 
+@pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("t, n", [(1, 1), (1, 37), (6, 40), (16, 100)])
-def test_masked_block_attention_is_the_reference(causal, t, n):
+def test_masked_block_attention_is_the_reference(causal, t, n, window):
     gen = torch.Generator().manual_seed(n + t)
     q = torch.randn(1, 8, t, 16, generator=gen)
     k, v = (torch.randn(1, 2, 100, 16, generator=gen) for _ in range(2))
     length = torch.tensor([n], dtype=torch.int32)
-    want = block_attention_torch(q, k, v, length, causal)
-    got = block_attention_masked(q, k, v, length, causal)
+    want = block_attention_torch(q, k, v, length, causal, window)
+    got = block_attention_masked(q, k, v, length, causal, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -141,3 +142,32 @@ def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monk
         got = pipe.generate("The quick brown fox", max_new_tokens=20, session=session)
     assert got.token_ids == want.token_ids
     assert session.forward.failed and session.drafter.static is None
+
+
+def test_a_sliding_window_drafter_drafts_the_same_with_fixed_shapes(
+    tiny_qwen3_deep, tmp_path, monkeypatch
+):
+    """A drafter with sliding-window layers: its fixed-shape draft step (graph-capturable)
+    and the resident loop built on it draft and decode as the eager drafter does."""
+    from conftest import save_tiny_dflash
+
+    drafter = save_tiny_dflash(
+        tmp_path / "sliding",
+        target_layer_ids=[1, 3],
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+    )
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    spec = SpecConfig(method="dflash", drafter=str(drafter), verify_policy="full", trace=True)
+    pipe = ar.with_spec(spec)
+    assert pipe.method.net.args.windows[0] == 4
+    eager, static = pipe.new_session(), pipe.new_session()
+    static.drafter.static = static.drafter.static_draft(capture=False)
+    prompt = "one two three four five six seven"  # a context longer than the window
+    want = pipe.generate(prompt, max_new_tokens=24, session=eager)
+    got = pipe.generate(prompt, max_new_tokens=24, session=static)
+    assert got.token_ids == want.token_ids
+    assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
+    monkeypatch.setattr(Pipeline, "resident_steps", property(lambda self: True))
+    resident = pipe.generate(prompt, max_new_tokens=24, session=pipe.new_session())
+    assert [r["draft"] for r in resident.stats.trace] == [r["draft"] for r in want.stats.trace]

@@ -118,6 +118,24 @@ def test_cached_drafter_equals_the_slow_reference(target, tmp_path, windows):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("windows", [None, [None, 5]], ids=["full", "sliding"])
+def test_fixed_shape_block_equals_the_slow_reference(target, tmp_path, windows):
+    """`block_hidden_static` (the CUDA-graph draft step's backbone), windows included."""
+    layer_types = None if windows is None else ["full_attention", "sliding_attention"]
+    path = save_tiny_dflash(
+        tmp_path / "d", target_layer_ids=[1, 3], layer_types=layer_types, sliding_window=5
+    )
+    net = load_dflash(path, target=target, target_name="tiny", name="d")
+    features = torch.randn(1, 13, 128, generator=torch.Generator().manual_seed(1))
+    block = target.embed_tokens(torch.tensor([[7] + [TINY_VOCAB - 1] * 7]))
+    cache = net.new_cache(32)
+    cache.make_finite()
+    net.extend(cache, features)
+    got = net.block_hidden_static(cache, block, torch.tensor([13]))
+    want = reference_block_hidden(net, features, block)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def pipes(tiny_qwen3_deep, tiny_dflash):
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")

@@ -53,3 +53,23 @@ def test_the_reference_is_the_models_attention(causal):
     mask = torch.ones(6, 40, dtype=torch.bool).tril(34) if causal else None
     want = attention(q, k[:, :, :40], v[:, :, :40], mask, False)
     torch.testing.assert_close(block_attention_torch(q, k, v, length, causal), want)
+
+
+@pytest.mark.parametrize("t, n, window", [(1, 300, 7), (8, 270, 5), (16, 555, 40)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_kernel_matches_the_reference_with_a_sliding_window(t, n, window, causal):
+    from specgen.kernels.block_attention import block_attention_triton
+
+    q, k, v, length = _case(1, 8, 2, t, 600, n, 32, torch.float32, seed=n + window)
+    got = block_attention_triton(q, k, v, length, causal, window)
+    want = block_attention_torch(q, k, v, length, causal, window)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sliding_window_is_the_drafters_window_mask():
+    from specgen.models.dflash import _window_mask
+
+    q, k, v, length = (x.cpu() for x in _case(1, 4, 2, 6, 100, 40, 16, torch.float32, 1))
+    want = attention(q, k[:, :, :40], v[:, :, :40], _window_mask(5, 34, 6, "cpu"), False)
+    got = block_attention_torch(q, k, v, length, False, window=5)
+    torch.testing.assert_close(got, want)

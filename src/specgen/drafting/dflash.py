@@ -95,7 +95,7 @@ class DFlashDrafter(BlockDrafter):
         self.context = self.new_context(capacity)
         self._masks = [method.net.args.mask_token_id] * (self.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the draft step as a CUDA graph
-        if method.cuda_graphs and self.net.static_ready:
+        if method.cuda_graphs:
             self.static = self.static_draft(capture=True)
 
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:

@@ -196,13 +196,13 @@ class DSparkDrafter(BlockDrafter):
         self.net, self.target = method.net, method.target
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = self.net.args.backbone.target_layer_ids
-        self.backbone = backbone = self.net.backbone
+        self.backbone = self.net.backbone
         self.context = self.new_context(capacity)
         self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
         self.static: StaticBlockDraft | None = None  # the greedy draft step as a CUDA graph
         # sampled draft steps, one per (temperature, top-k, top-p), with their noise buffers
         self._sampled_steps: dict[tuple, tuple[StaticBlockDraft, torch.Tensor]] = {}
-        if method.cuda_graphs and backbone.static_ready:
+        if method.cuda_graphs:
             self.static = self.static_draft(capture=True)
 
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:

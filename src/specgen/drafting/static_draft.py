@@ -31,7 +31,7 @@ class StaticBlockDraft:
     def __init__(
         self,
         context: DraftContext,
-        backbone: DFlashNet,  # full-attention layers only (`static_ready`)
+        backbone: DFlashNet,
         target: Transformer,
         masks: list[int],
         finish: Callable[[torch.Tensor, torch.Tensor], Draft],  # (hidden [1,B,H], anchor [1])
@@ -103,10 +103,7 @@ class BlockDrafter:
     # `draft_at` and `observe_at` with device positions, and `assume` when the host learns
     # the committed length.
 
-    @property
-    def resident(self) -> bool:
-        """Whether its draft step has fixed shapes (no sliding-window layers)."""
-        return self.backbone.static_ready
+    resident = True  # its draft step has fixed shapes (engine/resident.py can drive it)
 
     def begin_resident(self) -> None:
         self.context.ready()  # what waits is projected now; `observe_at` writes the rest

@@ -9,6 +9,8 @@ so a captured CUDA graph can replay the op for any length without a host sync. T
             (the target's decode and verify steps);
     block:  every query sees every valid key (a DFlash/DSpark drafter block: the context
             before the anchor plus its own block, bidirectionally).
+A `window` (a drafter's sliding-window layer) further limits each query to the keys less
+than `window` positions away from it, on either side.
 
 Flash-decoding: the key range is split into chunks of `CHUNK` positions, one program per
 (batch, kv head, chunk) handling all the query heads of that kv group and all T queries at
@@ -34,6 +36,7 @@ def block_attention_torch(
     v: torch.Tensor,  # [B, nkv, capacity, d]
     length: torch.Tensor,  # [1] int32: valid positions, the block's own keys included
     causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, nq, T, d]
     n = int(length.item())
     t = q.shape[2]
@@ -41,6 +44,9 @@ def block_attention_torch(
     mask = None
     if causal:
         mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(n - t)
+    if window is not None:
+        near = _near(torch.arange(n - t, n, device=q.device), n, window)
+        mask = near if mask is None else mask & near
     scores_q = q.float()
     groups = q.shape[1] // k.shape[1]
     keys = keys.float().repeat_interleave(groups, dim=1)
@@ -57,6 +63,7 @@ def block_attention_masked(
     v: torch.Tensor,  # [B, nkv, capacity, d]
     length: torch.Tensor,  # [1] int32
     causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, nq, T, d]
     """The same op in torch with no host sync (unlike the reference): it attends over the
     whole capacity with a mask built on the device, so it can be captured in a CUDA graph.
@@ -68,16 +75,25 @@ def block_attention_masked(
     if causal:  # query i sits at length - T + i
         last = last - (t - 1) + torch.arange(t, device=q.device)
     mask = keys[None, :] <= last.expand(t)[:, None]  # [T, capacity]
+    if window is not None:
+        queries = length.long() - t + torch.arange(t, device=q.device)
+        mask = mask & _near(queries, capacity, window)
     return attention(q, k, v, mask, causal=False)
 
 
-def block_attention(q, k, v, length, causal) -> torch.Tensor:
+def _near(queries: torch.Tensor, keys: int, window: int) -> torch.Tensor:  # [T, keys]
+    """Which of `keys` positions lie less than `window` from each query position."""
+    offsets = queries[:, None] - torch.arange(keys, device=queries.device)[None, :]
+    return offsets.abs() < window
+
+
+def block_attention(q, k, v, length, causal, window: int | None = None) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA with the Triton backend, else the masked torch
     form (both read `length` from device memory)."""
     d = q.shape[-1]
     if q.is_cuda and backend() == "triton" and d >= 16 and d & (d - 1) == 0:
-        return block_attention_triton(q, k, v, length, causal)
-    return block_attention_masked(q, k, v, length, causal)
+        return block_attention_triton(q, k, v, length, causal, window)
+    return block_attention_masked(q, k, v, length, causal, window)
 
 
 if triton_available():
@@ -100,7 +116,9 @@ if triton_available():
         T,
         CAP,
         scale,
+        WINDOW,
         CAUSAL: tl.constexpr,
+        HAS_WINDOW: tl.constexpr,
         G: tl.constexpr,
         BLOCK_R: tl.constexpr,
         D: tl.constexpr,
@@ -150,6 +168,9 @@ if triton_available():
                 see = kmask[None, :] & valid_row[:, None]
                 if CAUSAL:
                     see = see & (cols[None, :] <= qpos[:, None])
+                if HAS_WINDOW:
+                    see = see & (qpos[:, None] - cols[None, :] < WINDOW)
+                    see = see & (cols[None, :] - qpos[:, None] < WINDOW)
                 s = tl.where(see, s, float("-inf"))
                 m_new = tl.maximum(m, tl.max(s, axis=1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -208,7 +229,7 @@ if triton_available():
         dest = ((b * NQ + kvh * G + g) * T + t)[:, None] * D + dcol[None, :]
         tl.store(o_ptr + dest, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
-    def block_attention_triton(q, k, v, length, causal):
+    def block_attention_triton(q, k, v, length, causal, window=None):
         bsz, nq, t, d = q.shape
         nkv, cap = k.shape[1], k.shape[2]
         g = nq // nkv
@@ -223,8 +244,9 @@ if triton_available():
         upcast = q.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
         _partial_kernel[(bsz * nkv, nsplit)](
             q, k, v, length, m, lsum, acc, nq, nkv, t, cap, 1.0 / math.sqrt(d),
-            CAUSAL=causal, G=g, BLOCK_R=block_r, D=d, CHUNK_=CHUNK, BLOCK_N=64,
-            PRECISION="ieee" if upcast else "tf32", UPCAST=upcast,
+            window or 0, CAUSAL=causal, HAS_WINDOW=window is not None, G=g, BLOCK_R=block_r,
+            D=d, CHUNK_=CHUNK, BLOCK_N=64, PRECISION="ieee" if upcast else "tf32",
+            UPCAST=upcast,
         )  # fmt: skip
         out = torch.empty_like(q)
         _merge_kernel[(bsz * nkv,)](

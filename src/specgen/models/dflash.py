@@ -199,11 +199,6 @@ class DFlashNet(nn.Module):
             x = layer(x, cos, sin, cache, i, mask, False)  # written, never committed
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
 
-    @property
-    def static_ready(self) -> bool:
-        """Whether `block_hidden_static` serves this drafter (no sliding-window layers)."""
-        return all(window is None for window in self.args.windows)
-
     @torch.inference_mode()
     def block_hidden_static(
         self,
@@ -212,10 +207,13 @@ class DFlashNet(nn.Module):
         start: torch.Tensor,  # [1] int64 on the device: the context length
     ) -> torch.Tensor:
         """`block_hidden` with the context length read from device memory, for a CUDA
-        graph of the draft step (engine/cuda_graphs.py); full-attention layers only."""
+        graph of the draft step (engine/cuda_graphs.py)."""
         positions, length, cos, sin = device_positions(start, x.shape[1], self._cos, self._sin)
         for i, layer in enumerate(self.layers):
-            x = layer.forward_static(x, cos, sin, cache, i, positions, length, causal=False)
+            window = self.args.windows[i]
+            x = layer.forward_static(
+                x, cos, sin, cache, i, positions, length, causal=False, window=window
+            )
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
 
 

@@ -100,12 +100,13 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,  # [T] int64, on the device
         length: torch.Tensor,  # [1] int32: positions[-1] + 1
         causal: bool = True,  # False: every query sees every key (a drafter's block)
+        window: int | None = None,  # a sliding-window layer's reach (drafters)
     ) -> torch.Tensor:  # [B, T, H]
         """`forward` with the positions in device memory: no host value, no shape that
         depends on the cache length, so a CUDA graph of it replays at any length."""
         q, k, v = self._qkv(x, cos, sin)
         cache.write_at(layer_id, positions, k, v)
-        out = block_attention(q, cache.k[layer_id], cache.v[layer_id], length, causal)
+        out = block_attention(q, cache.k[layer_id], cache.v[layer_id], length, causal, window)
         return self._output(x, out)
 
     def _qkv(

@@ -93,6 +93,7 @@ def test_misshaped_tensor(target, tmp_path):
 
 @pytest.mark.parametrize("windows", [None, [None, 5]], ids=["full", "sliding"])
 def test_cached_drafter_equals_the_slow_reference(target, tmp_path, windows):
+    """The eager block and `block_hidden_static` (the CUDA-graph draft step's backbone)."""
     layer_types = None if windows is None else ["full_attention", "sliding_attention"]
     path = save_tiny_dflash(
         tmp_path / "d", target_layer_ids=[1, 3], layer_types=layer_types, sliding_window=5
@@ -103,37 +104,20 @@ def test_cached_drafter_equals_the_slow_reference(target, tmp_path, windows):
     block_ids = torch.tensor([[7] + [TINY_VOCAB - 1] * 7])
     block = target.embed_tokens(block_ids)
     cache = net.new_cache(32)
+    cache.make_finite()  # the static form reads dead positions, weighted by 0
+
+    def check(context: torch.Tensor) -> None:
+        want = reference_block_hidden(net, context, block)
+        start = torch.tensor([cache.length])
+        for got in (net.block_hidden(cache, block), net.block_hidden_static(cache, block, start)):
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
     for lo, hi in ((0, 9), (9, 12), (12, 13)):  # committed in uneven pieces
         net.extend(cache, features[:, lo:hi])
-    got = net.block_hidden(cache, block)
-    torch.testing.assert_close(
-        got, reference_block_hidden(net, features[:, :13], block), atol=2e-5, rtol=1e-5
-    )
+    check(features[:, :13])
     cache.rollback(10)  # the target rejected tokens: the drafter forgets them too
     net.extend(cache, features[:, 15:20])
-    got = net.block_hidden(cache, block)
-    expected = reference_block_hidden(
-        net, torch.cat([features[:, :10], features[:, 15:20]], 1), block
-    )
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("windows", [None, [None, 5]], ids=["full", "sliding"])
-def test_fixed_shape_block_equals_the_slow_reference(target, tmp_path, windows):
-    """`block_hidden_static` (the CUDA-graph draft step's backbone), windows included."""
-    layer_types = None if windows is None else ["full_attention", "sliding_attention"]
-    path = save_tiny_dflash(
-        tmp_path / "d", target_layer_ids=[1, 3], layer_types=layer_types, sliding_window=5
-    )
-    net = load_dflash(path, target=target, target_name="tiny", name="d")
-    features = torch.randn(1, 13, 128, generator=torch.Generator().manual_seed(1))
-    block = target.embed_tokens(torch.tensor([[7] + [TINY_VOCAB - 1] * 7]))
-    cache = net.new_cache(32)
-    cache.make_finite()
-    net.extend(cache, features)
-    got = net.block_hidden_static(cache, block, torch.tensor([13]))
-    want = reference_block_hidden(net, features, block)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    check(torch.cat([features[:, :10], features[:, 15:20]], 1))
 
 
 @pytest.fixture(scope="module")

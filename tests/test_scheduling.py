@@ -214,3 +214,23 @@ def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
         assert trimmed.length == 0  # its confidences say: verify nothing
         scheduler.record(trimmed, accepted=0, proposed=low.length)
     assert scheduler.pick(one, 100) is None  # drafting it stopped paying
+
+
+def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, tiny_dflash):
+    from specgen.config import SpecConfig
+    from specgen.pipeline import Pipeline
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
+    assert pipe.new_session().scheduler.tracker.trials == {}  # nothing learnt yet: the prior
+    first = pipe.new_session()
+    pipe.generate("one two one two one two", max_new_tokens=40, session=first)
+    learnt = first.scheduler
+    assert pipe.learnt is learnt and learnt.tracker.trials  # it drafted and recorded
+    second = pipe.new_session()
+    assert second.scheduler.tracker.trials == learnt.tracker.trials
+    assert second.scheduler.tracker is not learnt.tracker  # a copy: sessions stay apart
+    assert second.scheduler._probe_after == learnt._probe_after
+    text = "The quick brown fox"
+    want = ar.generate(text, max_new_tokens=30).token_ids
+    assert pipe.generate(text, max_new_tokens=30, session=second).token_ids == want

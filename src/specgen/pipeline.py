@@ -162,6 +162,8 @@ class Pipeline:
         self.method = method
         self.costs = costs
         self.source = source or name  # where the target came from (cost-table key)
+        self.learnt: VerifyScheduler | None = None  # the last answer's scheduler: new
+        # sessions start from its estimates (VerifyScheduler.learn_from)
         self.session = self.new_session()
 
     @classmethod
@@ -244,8 +246,9 @@ class Pipeline:
         return Session(self.model, self.context, drafter, self._scheduler(), graphs=graphs)
 
     def renew(self, session: Session) -> Session:
-        """`session` emptied and with fresh acceptance estimates, as `new_session` would
-        make it, but keeping its buffers and so its CUDA graphs (captured per session)."""
+        """`session` emptied and with a new scheduler (from the estimates the last answer
+        left, `learnt`), as `new_session` would make it, but keeping its buffers and so its
+        CUDA graphs (captured per session)."""
         session.reset()
         if session.drafter is not None:
             session.scheduler = self._scheduler()
@@ -254,7 +257,10 @@ class Pipeline:
     def _scheduler(self) -> VerifyScheduler | None:
         policy = self.spec.verify_policy
         if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
-            return VerifyScheduler(policy, self.costs)
+            scheduler = VerifyScheduler(policy, self.costs)
+            if self.learnt is not None:
+                scheduler.learn_from(self.learnt)
+            return scheduler
         return None  # every draft verified whole
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
@@ -355,6 +361,8 @@ class Pipeline:
         finally:
             events.close()  # the overlap engine's compute thread is done after this
             session.settle(prompt_ids + output)
+            if session.scheduler is not None:
+                self.learnt = session.scheduler
 
     def _trace_record(self, event: StepEvent) -> dict[str, Any]:
         """What `--trace` shows for one step (the first step of an answer is the prefill)."""

@@ -3,7 +3,9 @@
 Protocol (Spec-Bench's): one warm-up generation per method, then for each prompt every
 method in turn (the order alternates between prompts so drift hits all alike), each from a
 fresh session so no method reuses another's cache, `repeats` times with the median time
-kept. On CUDA a method's one session is renewed instead (emptied, fresh estimates), so its
+kept (a new session starts from the acceptance estimates its method's last answer left, as
+a long-running user's would). On CUDA a method's one session is renewed instead (emptied,
+a new scheduler), so its
 CUDA graphs are captured once per method rather than inside every timed run. AR runs in
 the same harness on the same loaded target. At temperature 0 every
 method's tokens are compared with AR's; where they differ, the target's logit margin

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -36,6 +37,14 @@ class VerifyScheduler:
         self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
         self._probes_out = 0  # probes trimmed but not yet recorded (the resident loop lags)
         self._draft_seconds: dict[int, float] = {}  # per bucket, from the options seen
+
+    def learn_from(self, earlier: VerifyScheduler) -> None:
+        """Start from what an earlier session learnt (its acceptance estimates and how far
+        apart its probes had grown), instead of the optimistic prior: a new chat or bench
+        prompt on the same drafter and machine then does not pay for exploring again.
+        Earlier answers only, so nothing here looks at the tokens it will judge."""
+        self.tracker = copy.deepcopy(earlier.tracker)
+        self._probe_after = earlier._probe_after
 
     def decide(
         self, draft: Draft, context: int, confidence: Sequence[float] | None = None

@@ -1,5 +1,5 @@
-"""The greedy Markov-head kernel against its torch reference, and the reference against the
-drafter's own left-to-right draw."""
+"""The Markov-head kernel (greedy and sampled) against its torch reference, and the
+reference against the drafter's own left-to-right draw."""
 
 from __future__ import annotations
 
@@ -54,6 +54,54 @@ def test_kernel_matches_the_reference(k, vocab, sub, rank, hidden, conf, with_ma
             torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
         else:
             assert got[1] is None and want[1] is None
+
+
+@pytest.mark.parametrize(
+    "k, vocab, sub, rank, hidden, conf, with_markov, temperature",
+    [
+        (7, 300, None, 8, 48, True, True, 1.0),
+        (8, 1000, 257, 16, 64, True, False, 0.7),
+        (5, 5000, 700, 64, 100, False, False, 1.3),
+    ],
+)
+def test_sampling_kernel_matches_the_reference(
+    k, vocab, sub, rank, hidden, conf, with_markov, temperature
+):
+    from specgen.kernels.markov import markov_sample_triton
+
+    for seed in range(3):
+        t = _case(k, vocab, sub, rank, hidden, conf, with_markov, seed)
+        gen = torch.Generator().manual_seed(100 + seed)
+        noise = torch.empty(k, t["base"].shape[1]).exponential_(generator=gen).to(DEVICE)
+        tokens, z, q = markov_sample_triton(anchor=3, noise=noise, temperature=temperature, **t)
+        want = markov_greedy_torch(anchor=3, noise=noise, temperature=temperature, **t)
+        assert tokens.tolist() == want[0].tolist()
+        torch.testing.assert_close(q, want[2], rtol=1e-5, atol=1e-6)
+        if conf:
+            torch.testing.assert_close(z, want[1], rtol=1e-5, atol=1e-5)
+        # different noise, different draws: the race really samples
+        other = markov_sample_triton(anchor=3, noise=noise.roll(1, 1), temperature=temperature, **t)
+        assert other[0].tolist() != tokens.tolist() or k == 1
+
+
+def test_the_reference_is_the_drafters_sampled_draw(target, tiny_dspark):
+    from specgen.config import SamplingParams
+    from specgen.drafting.dspark import markov_draw, race_noise
+    from specgen.models.dspark import load_dspark
+
+    net = load_dspark(tiny_dspark, target=target, target_name="t", name="d")
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randn(net.args.max_drafts, target.args.hidden_size, generator=gen)
+    base = target.head(slots)
+    noise = race_noise(base.shape[0], base.shape[1], gen, base.device)
+    params = SamplingParams(temperature=0.8)
+    draft = markov_draw(net, base, slots, 7, params, None, noise=noise)
+    tokens, conf, q = markov_greedy_torch(
+        base, slots, 7, net.markov_w1, net.markov_w2, None, net.conf_w, net.conf_b,
+        noise=noise, temperature=0.8,
+    )  # fmt: skip
+    assert tokens.tolist() == draft.tokens[0].tolist()
+    torch.testing.assert_close(q[None], draft.probs)
 
 
 def test_the_reference_is_the_drafters_greedy_draw(target, tiny_dspark):

@@ -53,13 +53,15 @@ def markov_draw(
     A sampled draw is an exponential race: token j is argmax(q_j / E_j) with E_j ~ Exp(1)
     per token, which picks i with probability q_j(i). The races' `noise` ([>= k, V'],
     Exp(1)) is drawn up front, from `generator` when not given: with it as an input the
-    whole draw is a fixed sequence of device ops, which a CUDA graph can replay."""
+    whole draw is a fixed sequence of device ops, which a CUDA graph can replay. On CUDA a
+    vanilla head draws in one Triton launch (kernels/markov.py), greedy or sampled at a
+    temperature alone; top-k / top-p sampling runs the torch loop."""
     greedy = params.greedy or (generator is None and noise is None)
-    if greedy and _fused(net, base):
-        return _fused_greedy(net, base, hidden, anchor, calibration, vocab)
     k = base.shape[0]
     if not greedy and noise is None:
         noise = race_noise(k, base.shape[1], generator, base.device)
+    if _fused(net, base) and (greedy or _temperature_only(params, base.shape[1])):
+        return _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise)
     prev = anchor
     if not isinstance(prev, torch.Tensor):
         prev = torch.tensor([anchor], device=base.device)
@@ -115,18 +117,32 @@ def _fused(net: DSparkNet, base: torch.Tensor) -> bool:
     )
 
 
-def _fused_greedy(net, base, hidden, anchor, calibration, vocab) -> Draft:
-    from specgen.kernels.markov import markov_greedy_triton
+def _temperature_only(params: SamplingParams, width: int) -> bool:
+    """Whether sampling filters nothing (no top-k below the width, no top-p): the kernel's
+    sampled form; filtered sampling stays in the torch loop."""
+    return (params.top_k == 0 or params.top_k >= width) and params.top_p >= 1.0
+
+
+def _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise) -> Draft:
+    from specgen.kernels.markov import markov_greedy_triton, markov_sample_triton
 
     w2 = net.markov_w2 if vocab is None else net.markov_w2[vocab.ids]
     conf_w = net.conf_w if net.args.confidence else None
     conf_b = net.conf_b if net.args.confidence else None
     ids = None if vocab is None else vocab.ids
-    tokens, z = markov_greedy_triton(base, hidden, anchor, net.markov_w1, w2, ids, conf_w, conf_b)
+    args = (base, hidden, anchor, net.markov_w1, w2, ids, conf_w, conf_b)
+    probs = None
+    if params.greedy or noise is None:
+        tokens, z = markov_greedy_triton(*args)
+    else:
+        k = base.shape[0]
+        tokens, z, q = markov_sample_triton(*args, noise[:k], params.temperature)
+        probs = q if vocab is None else vocab.to_full(q, net.args.backbone.layers.vocab_size)
+        probs = probs[None]
     confidence = None
     if z is not None:
         confidence = torch.sigmoid(z if calibration is None else calibration.scale(z))[None]
-    return Draft(tokens=tokens[None], confidence=confidence)
+    return Draft(tokens=tokens[None], probs=probs, confidence=confidence)
 
 
 @register("dspark")

@@ -255,9 +255,12 @@ class DSparkDrafter(BlockDrafter):
     def _noise(self, generator: torch.Generator | None) -> torch.Tensor:
         """A sampled draft's races, for every slot whatever the draft's length, so that the
         generator advances the same in every path (eager, graph, sync, resident)."""
+        return self._race_buffer().exponential_(generator=generator)
+
+    def _race_buffer(self) -> torch.Tensor:  # [max drafts, draft vocabulary], unfilled
         vocab = self.method.vocab
         width = self.target.lm_head.shape[0] if vocab is None else vocab.ids.numel()
-        return race_noise(self.max_draft_tokens, width, generator, self.target.device)
+        return torch.empty(self.max_draft_tokens, width, device=self.target.device)
 
     def _sampled(
         self,
@@ -270,14 +273,13 @@ class DSparkDrafter(BlockDrafter):
         """A sampled draft from the fixed-shape step of these sampling filters, with the
         races drawn into its input buffer first: a CUDA graph with graphs on (one per
         filter setting), else the same step eagerly."""
-        noise = self._noise(generator)
         key = (params.temperature, params.top_k, params.top_p)
         if key not in self._sampled_steps:
-            buffer = torch.empty_like(noise)
+            buffer = self._race_buffer()  # allocated once; every call refills it below
             capture = self.method.cuda_graphs and self.static is not None
             self._sampled_steps[key] = (self._step(params, buffer, capture), buffer)
         step, buffer = self._sampled_steps[key]
-        buffer.copy_(noise)
+        buffer.exponential_(generator=generator)  # the races `_noise` would draw
         try:
             return step(anchor, start, k)
         except RuntimeError as e:  # a capture this setup cannot do: draft eagerly

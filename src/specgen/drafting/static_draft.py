@@ -13,6 +13,7 @@ numbers from a buffer the drafter fills before each call, so it has fixed shapes
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ import torch
 
 from specgen.drafting.base import Draft
 from specgen.drafting.context import DraftContext
-from specgen.engine.cuda_graphs import Replay, graphs_failed
+from specgen.engine.cuda_graphs import Replay, graphs_failed, set_input
 
 if TYPE_CHECKING:
     from specgen.models.dflash import DFlashNet
@@ -65,17 +66,11 @@ class StaticBlockDraft:
         return self._backbone.block_hidden_static(self._cache, block, self.start)
 
     def _place(self, anchor: int | torch.Tensor, start: int | torch.Tensor) -> None:
-        if isinstance(anchor, torch.Tensor):
-            self.ids[:, :1].copy_(anchor.view(1, 1))
-        else:
-            self.ids[:, :1].fill_(anchor)
-        if isinstance(start, torch.Tensor):
-            self.start.copy_(start.view(1))
-        else:
-            self.start.fill_(start)
+        set_input(self.ids[:, :1], anchor)
+        set_input(self.start, start)
 
 
-class BlockDrafter:
+class BlockDrafter(ABC):
     """What DFlash's and DSpark's drafters share: a context of the target's features that
     follows the target cache, and a fixed-shape draft step (`StaticBlockDraft`) that the
     device-resident loop drives with the anchor and the context length on the device."""
@@ -86,8 +81,9 @@ class BlockDrafter:
     static: StaticBlockDraft | None  # the draft step as a CUDA graph
     _eager: StaticBlockDraft | None = None  # the same step, run eagerly
 
+    @abstractmethod
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:
-        raise NotImplementedError
+        """The drafter's fixed-shape draft step (its head on `StaticBlockDraft`)."""
 
     def new_context(self, capacity: int) -> DraftContext:
         net = self.backbone

@@ -97,10 +97,16 @@ class _Step:
         )
 
     def _place(self, start: int | torch.Tensor) -> None:
-        if isinstance(start, torch.Tensor):
-            self.start.copy_(start.view(1))
-        else:
-            self.start.fill_(start)
+        set_input(self.start, start)
+
+
+def set_input(buffer: torch.Tensor, value: int | torch.Tensor) -> None:
+    """Put a graph input in place: a host int (filled in, no copy) or a device tensor (copied
+    on the device, which the host never reads)."""
+    if isinstance(value, torch.Tensor):
+        buffer.copy_(value.view(buffer.shape))
+    else:
+        buffer.fill_(value)
 
 
 class GraphedForward:

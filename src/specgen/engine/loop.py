@@ -72,6 +72,22 @@ def prefill(
     return generator, first.view(1, 1), StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
 
 
+def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, context: int) -> int:
+    """The drafts this step may have: `room`, or 0 when the cost scheduler expects no draft
+    to pay (a plain decoding step); where the drafter offers several kinds of draft, the
+    scheduler's pick is passed on (`select`)."""
+    options = getattr(drafter, "options", ())
+    if room <= 0 or not options or scheduler is None or not scheduler.prices_drafts:
+        return room
+    bucket = scheduler.pick(options, context)
+    if bucket is None:
+        scheduler.skipped()
+        return 0
+    if len(options) > 1:
+        drafter.select(bucket)
+    return room
+
+
 @torch.inference_mode()
 def generate_speculative(
     model: Transformer,
@@ -97,14 +113,7 @@ def generate_speculative(
     anchor, finish, produced = first.bonus, first.finish, len(first.tokens)
     while finish is None:
         room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
-        options = getattr(drafter, "options", ())
-        if room > 0 and options and scheduler is not None and scheduler.prices_drafts:
-            bucket = scheduler.pick(options, cache.length)
-            if bucket is None:
-                room = 0  # not expected to pay: a plain decoding step
-                scheduler.skipped()
-            elif len(options) > 1:
-                drafter.select(bucket)
+        room = draft_room(drafter, scheduler, room, cache.length)
         proposal = (
             drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
         )

@@ -54,7 +54,7 @@ import torch
 from specgen.config import SamplingParams
 from specgen.drafting.base import Draft, Drafter, empty_draft
 from specgen.engine.events import StepEvent
-from specgen.engine.loop import cut, prefill
+from specgen.engine.loop import cut, draft_room, prefill
 from specgen.engine.sampling import sample
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import ForwardOutput
@@ -105,8 +105,7 @@ class _Step:
     """A queued step, as the host knows it until its results arrive."""
 
     copy: _HostCopy  # [accepted, bonus, *proposal] and the proposal's confidences
-    draft: Draft  # what was verified (for the scheduler's record)
-    verified: int  # the verify length: the step commits at most verified + 1 tokens
+    draft: Draft  # what was verified: the step commits at most its length + 1 tokens
 
 
 @torch.inference_mode()
@@ -142,14 +141,14 @@ def generate_resident(
         nonlocal produced, length
         ids, confidence = step.copy.wait()
         accepted, bonus, proposal = ids[0], ids[1], ids[2:]
-        drafted = proposal[: step.verified]
+        drafted = proposal[: step.draft.length]
         if scheduler is not None:
             scheduler.record(step.draft, accepted, len(proposal))
         if confidence:
             stale[step.draft.bucket] = confidence
         length += accepted + 1  # the anchor and the accepted drafts
         cache.assume_written(length)
-        drafter.assume(length, accepted + 1 if step.verified else None)
+        drafter.assume(length, accepted + 1 if step.draft.length else None)
         tokens, finish = cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
         produced += len(tokens)
         if finish is None and cache.free == 0:  # nowhere to put the next anchor
@@ -167,7 +166,7 @@ def generate_resident(
 
     try:
         while True:
-            ahead = 0 if pending is None else pending.verified + 1  # its most commits
+            ahead = 0 if pending is None else pending.draft.length + 1  # its most commits
             room = min(max_new_tokens - produced - ahead, cache.free - ahead) - 1
             if pending is not None and room < drafter.max_draft_tokens:
                 event = finish_step(pending)  # drain: decide the next step exactly
@@ -178,14 +177,7 @@ def generate_resident(
                 continue
             draft = empty_draft(device)
             proposal = draft
-            options = getattr(drafter, "options", ())
-            if room > 0 and options and scheduler is not None and scheduler.prices_drafts:
-                bucket = scheduler.pick(options, length)
-                if bucket is None:
-                    room = 0  # not expected to pay: a plain decoding step
-                    scheduler.skipped()
-                elif len(options) > 1:
-                    drafter.select(bucket)
+            room = draft_room(drafter, scheduler, room, length)
             if room > 0:
                 k = min(room, drafter.max_draft_tokens)
                 proposal = drafter.draft_at(anchor_t, length_t, k, params, generator)
@@ -203,7 +195,7 @@ def generate_resident(
             drafter.observe_at(out.taps, length_t)
             ids = torch.cat([accepted_t, bonus_t, proposal.tokens[0].to(bonus_t.dtype)])
             confidence = None if proposal.confidence is None else proposal.confidence[0]
-            step = _Step(_HostCopy(ids, confidence), draft, draft.length)
+            step = _Step(_HostCopy(ids, confidence), draft)
             length_t = length_t + accepted_t + 1
             anchor_t = bonus_t.view(1, 1)
             if pending is not None:  # the step before: done by now, read while this runs

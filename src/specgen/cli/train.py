@@ -44,7 +44,12 @@ def train(
     mask_token_id: Annotated[int, typer.Option("--mask-token-id")] = 0,
     markov_rank: Annotated[int, typer.Option("--markov-rank")] = 64,
     init: Annotated[
-        str, typer.Option("--init", help="random, or target (copy the target's upper layers).")
+        str,
+        typer.Option(
+            "--init",
+            help="random, target (copy the target's upper layers), or a trained drafter's "
+            "directory to train further (same shape; a fresh optimiser and schedule).",
+        ),
     ] = "random",
     full_vocab: Annotated[
         bool, typer.Option("--full-vocab", help="Train through the whole LM head.")
@@ -73,8 +78,10 @@ def train(
 
         if kind not in ("dflash", "dspark"):
             raise SpecgenError(f"--kind must be dflash or dspark (got {kind!r})")
-        if init not in ("target", "random"):
-            raise SpecgenError(f"--init must be target or random (got {init!r})")
+        if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
+            raise SpecgenError(
+                f"--init must be random, target or a drafter directory (got {init!r})"
+            )
         if not prompts and not data:
             raise SpecgenError("give --prompts FILE (the target answers them) or --data FILE")
         if not prompts and not minutes and not steps:
@@ -106,6 +113,7 @@ def train(
             minutes=minutes,
             steps=steps,
             init_from_target=init == "target",
+            init_from=init if init not in ("target", "random") else None,
             restrict_vocab=not full_vocab,
             eval_minutes=eval_minutes,
         )

@@ -50,9 +50,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     seed: int = 0
     init_from_target: bool = False  # start from the target's layers (training/init.py)
+    init_from: str | None = None  # start from a trained drafter's weights (a directory)
     restrict_vocab: bool = True  # train through the head rows the data uses (trainer.Vocab)
     eval_minutes: float = 3.0  # offline τ on the held-out answers this often
-    holdout: int = 24  # answers kept out of training for the offline τ
+    holdout_every: int = 65  # every 65th answer is kept out of training for the offline τ
     train_sequences: int | None = None  # train on the first N answers only (data studies)
 
 
@@ -86,7 +87,8 @@ def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: Train
 def new_drafter(
     target: Transformer, config: dict, kind: str, seed: int, from_target: bool = False
 ) -> DFlashNet | DSparkNet:
-    """Starting weights (`training/init.py`): random, or the target's upper layers."""
+    """Starting weights (`training/init.py`): random, or the target's upper layers (a
+    trained drafter's weights are loaded over them by `warm_start`)."""
     if kind == "dspark":
         net: DFlashNet | DSparkNet = DSparkNet(
             DSparkArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
@@ -101,6 +103,29 @@ def new_drafter(
     return net
 
 
+def warm_start(net: DFlashNet | DSparkNet, target: Transformer, path: Path) -> None:
+    """Load a trained drafter's weights (its public format) into `net`, which must have its
+    shape: training then goes on from that drafter with a fresh optimiser and schedule."""
+    from specgen.drafting.base import method_of
+    from specgen.errors import CheckpointError
+    from specgen.models.dflash import load_dflash
+    from specgen.models.dspark import load_dspark
+
+    kind = "dspark" if isinstance(net, DSparkNet) else "dflash"
+    if method_of(path) != kind:
+        raise CheckpointError(f"{path}: a {method_of(path)} drafter cannot start a {kind} one")
+    load = load_dspark if kind == "dspark" else load_dflash
+    trained = load(path, target=target, target_name="target", name=str(path))
+    theirs, ours = trained.state_dict(), net.state_dict()
+    wrong = sorted(k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape)
+    if wrong:
+        raise CheckpointError(
+            f"{path}: its shape differs from the drafter being trained ({', '.join(wrong[:3])});"
+            " give the same --block-size, --draft-layers, --target-layers and --markov-rank"
+        )
+    net.load_state_dict(theirs)
+
+
 def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
     """Linear warm-up over `warmup` steps, then cosine to 10% over the budget."""
     if step < cfg.warmup:
@@ -108,12 +133,14 @@ def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def split_holdout(data: list[Sequence], count: int) -> tuple[list[Sequence], list[Sequence]]:
-    """(train, held out): every k-th answer is held out, so every source is represented."""
-    if count <= 0 or len(data) < 4 * count:
+def split_holdout(data: list[Sequence], every: int) -> tuple[list[Sequence], list[Sequence]]:
+    """(train, held out): every `every`-th answer is held out, so every source is
+    represented. A stride, not a count: answers appended to a file never move an earlier
+    answer across the split, so a drafter trained further on more answers (`init_from`) is
+    still judged on answers it never saw."""
+    if every <= 1 or len(data) < 4 * every:
         return data, []
-    stride = len(data) // count
-    held = set(range(stride - 1, stride * count, stride))
+    held = set(range(every - 1, len(data), every))
     return [s for i, s in enumerate(data) if i not in held], [data[i] for i in sorted(held)]
 
 
@@ -137,6 +164,8 @@ def train(
         raise ValueError("give a budget: minutes or steps")
     config = drafter_config(target_config, target.args.num_layers, cfg)
     net = new_drafter(target, config, cfg.kind, cfg.seed, cfg.init_from_target)
+    if cfg.init_from and not (resume and (out / "state.pt").is_file()):
+        warm_start(net, target, Path(cfg.init_from))
     params = trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
@@ -163,7 +192,7 @@ def train(
         Prepared.from_layers(seq, h, taps, last if cfg.kind == "dspark" else None)
         for seq, h in zip(data, hidden, strict=True)
     ]
-    train_seqs, held_seqs = split_holdout(data, cfg.holdout)
+    train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
     train_seqs = train_seqs[: cfg.train_sequences]
     train_ids, held_ids = {id(s) for s in train_seqs}, {id(s) for s in held_seqs}
     prepared = [p for p in prepared_all if id(p.seq) in train_ids]

@@ -17,6 +17,7 @@ import torch
 from specgen.config import SamplingParams, SpecConfig
 from specgen.drafting import DRAFTERS, method_of
 from specgen.drafting.base import DraftMethod
+from specgen.engine import compute
 from specgen.engine.ar import generate_ar
 from specgen.engine.events import StepEvent
 from specgen.engine.loop import generate_speculative
@@ -167,6 +168,7 @@ class Pipeline:
         self.session = self.new_session()
 
     @classmethod
+    @compute.runs_there
     def load(
         cls,
         model: str = DEFAULT_ALIAS,
@@ -198,6 +200,7 @@ class Pipeline:
         base = cls(target, codec, resolved.name, context, source=str(resolved.path))
         return base if spec.method == "ar" else base.with_spec(spec, notify=notify)
 
+    @compute.runs_there
     def with_spec(self, spec: SpecConfig, *, notify: Notify | None = None) -> Pipeline:
         """Another decoding method on this pipeline's loaded target (weights are shared;
         sessions are not). Loads the drafter and, for the cost policy, the cost table."""
@@ -224,11 +227,15 @@ class Pipeline:
 
     @property
     def overlaps(self) -> bool:
-        """Whether decoding runs in the overlap engine's compute thread. On the CPU torch's
-        OpenMP kernels run ~1.4x slower from a second thread (benchmarks/overlap_vs_sync.py),
-        which outweighs the host work hidden, so "auto" overlaps only on CUDA."""
+        """Whether decoding runs in the overlap engine's compute thread. "auto" overlaps on
+        CUDA, and on the CPU when the caller has offloaded its torch work to the compute
+        thread (`engine/compute.py`; the CLI does): otherwise the compute thread's OpenMP
+        kernels run ~1.5x slower beside the caller's idle team, which outweighs the host
+        work hidden."""
         engine = self.spec.engine
-        return engine == "overlap" or (engine == "auto" and self.model.device.type == "cuda")
+        if engine != "auto":
+            return engine == "overlap"
+        return self.model.device.type == "cuda" or compute.offloaded()
 
     @property
     def resident_steps(self) -> bool:
@@ -237,6 +244,7 @@ class Pipeline:
         every op finishes before it returns, so there is nothing to queue ahead."""
         return self.overlaps and self.model.device.type == "cuda"
 
+    @compute.runs_there
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
         graphs = self.spec.cuda_graphs and self.model.device.type == "cuda"
@@ -337,7 +345,10 @@ class Pipeline:
                     scheduler=session.scheduler,
                 )
 
-        events = overlapped(make_events) if self.overlaps else make_events()
+        if self.overlaps:
+            events = overlapped(make_events)
+        else:  # one step at a time (in the compute thread when offloaded)
+            events = compute.iterate(make_events)
         try:
             for event in events:
                 output.extend(event.tokens)

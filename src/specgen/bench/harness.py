@@ -25,6 +25,7 @@ from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
 from specgen.drafting.context import DraftContext
+from specgen.engine import compute
 from specgen.engine.session import Session
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
@@ -186,6 +187,7 @@ def _compare(
         result.divergences.append(Divergence(name, prompt.category, index, pos, margin))
 
 
+@compute.runs_there
 @torch.inference_mode()
 def _margin(ar: Pipeline, context: list[int]) -> float:
     """The target's top-1 minus top-2 logit for the token after `context`."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from specgen.config import SamplingParams
+from specgen.engine import compute
 from specgen.stats import GenStats
 
 
@@ -39,6 +40,7 @@ class _FirstToken:
 class TransformersBaseline:
     name = "hf"
 
+    @compute.runs_there
     def __init__(self, path: Path, dtype: torch.dtype, device: torch.device, stop_ids) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -46,6 +48,7 @@ class TransformersBaseline:
         self.device = device
         self.stop_ids = sorted(stop_ids)
 
+    @compute.runs_there
     def run(self, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
         """(new tokens, GenStats) for one answer."""
         if sampling.seed is not None:

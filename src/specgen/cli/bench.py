@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from specgen import display
-from specgen.cli.common import quiet_libraries, sampling_options, user_errors
+from specgen.cli.common import offload_torch, quiet_libraries, sampling_options, user_errors
 from specgen.cli.options import (
     DEFAULT_MODEL,
     ContextOpt,
@@ -187,6 +187,7 @@ def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, 
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
     notify = None if quiet else display.status
+    offload_torch(device)
     base = Pipeline.load(
         model,
         device=device,

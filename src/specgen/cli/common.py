@@ -58,10 +58,22 @@ def load_pipeline(
     quiet_libraries()
     from specgen.pipeline import Pipeline
 
+    offload_torch(device)
     notify = None if quiet else display.status
     return Pipeline.load(
         model, device=device, dtype=dtype, context=context, spec=spec, notify=notify
     )
+
+
+def offload_torch(device: str) -> None:
+    """On the CPU, run all torch work in the compute thread from here on, so this (main)
+    thread stays free for the live view and the overlap engine runs at full speed
+    (`engine/compute.py`). Call before loading anything. On CUDA nothing changes."""
+    from specgen.engine import compute
+    from specgen.pipeline import resolve_device
+
+    if resolve_device(device) == "cpu":
+        compute.offload()
 
 
 def sampling_options(

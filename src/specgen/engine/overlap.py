@@ -15,10 +15,11 @@ flight to finish, and returns; the caller then rolls the session back to the tok
 actually consumed (`Session.settle`), so the target and drafter caches hold exactly the
 answer the user saw and a chat can continue.
 
-Measured on the 2-core CPU (benchmarks/overlap_vs_sync.py): 0.62x of the sync loop, same
-tokens. Torch's OpenMP kernels run about 1.4x slower when called from a second thread (a
-plain decode step: 29 ms from the main thread, 41-48 ms from a worker), which outweighs
-the ~1% of host work it hides; so `--engine auto` (the default) overlaps on CUDA only.
+The compute thread is `engine/compute.py`'s when the caller has offloaded its torch work
+there (the CLI does on the CPU), else a fresh thread per stream. On the CPU that matters:
+a second thread's OpenMP kernels run ~1.5x slower while the first thread holds a team of
+its own (the overlap engine measured 0.62x of the sync loop that way), so `--engine auto`
+overlaps on CUDA, and on the CPU only when offloaded (benchmarks/overlap_vs_sync.py).
 
 Host syncs (each marked `# sync:` where it is):
 - engine/ar.py: the sampled token, which the host needs to stop, detokenize and stream. On
@@ -47,6 +48,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
+from specgen.engine import compute
 from specgen.engine.events import StepEvent
 
 DEPTH = 2  # finished steps the compute thread may run ahead of the caller
@@ -78,8 +80,7 @@ def overlapped(
         except BaseException as e:  # handed to the caller, raised there
             put(("error", e))
 
-    worker = threading.Thread(target=produce, name="specgen-decode", daemon=True)
-    worker.start()
+    join = compute.spawn(produce, name="specgen-decode")
     try:
         while True:
             kind, item = handoff.get()
@@ -91,4 +92,4 @@ def overlapped(
                 return
     finally:
         stop.set()
-        worker.join()
+        join()

@@ -11,7 +11,7 @@ from specgen.models.dspark import load_dspark
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.training.evaluate import accepted_lengths, offline_acceptance
-from specgen.training.features import target_features
+from specgen.training.features import SHARD, target_features
 from specgen.training.trainer import Prepared, Sequence, prepare, sequence_loss, trainable
 
 
@@ -80,6 +80,16 @@ def test_features_are_computed_once_and_extended_per_layer(tiny_qwen3_deep, tmp_
     assert set(target_features(target, "t", seqs, (0, 1, 3), tmp_path)[0]) == {0, 1, 3}
     other = target_features(target, "t", seqs[:1], (1,), tmp_path)  # other data, other digest
     assert len(list(tmp_path.rglob("*.safetensors"))) == 2 and len(other) == 1
+    # answers appended after a full shard: that shard is read back, only the new one computed
+    longer = [Sequence([6 + i % 50, 7, 8, 9], 1) for i in range(SHARD)]
+    target_features(target, "t", longer, (1,), tmp_path)
+    full = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.safetensors")}
+    new = Sequence([3, 1, 4, 1, 5, 9], 2)
+    grown = target_features(target, "t", [*longer, new], (1,), tmp_path)
+    assert all(p.stat().st_mtime_ns == t for p, t in full.items())
+    assert len(list(tmp_path.rglob("*.safetensors"))) == len(full) + 1
+    alone = prepare(target, new, (1,), last=False).features
+    torch.testing.assert_close(grown[SHARD][1], alone)
     shards[0].write_bytes(b"torn")  # a killed write is recomputed, not trusted
     torch.testing.assert_close(
         target_features(target, "t", seqs, (1,), tmp_path)[0][1], first[0][1]

@@ -4,9 +4,11 @@ A drafter trains on the outputs of a few target layers (its taps, plus the last 
 DSpark's target distribution) at every position of every sequence. Computing them is one
 teacher-forced target forward per sequence, a tenth of the cost of generating the data but
 still minutes for 200k tokens on a CPU, so each run (and each resumed or ablation run)
-reuses them: shards of 64 sequences under `<cache>/<digest>/`, one bf16 tensor per layer
-(bf16, not fp16: SmolLM2's upper layers reach 2.5e4). The digest covers the target and the
-token ids, so changed data never meets stale features. A shard missing a requested layer is
+reuses them: shards of 64 sequences under `<cache>/<target digest>/`, one bf16 tensor per
+layer (bf16, not fp16: SmolLM2's upper layers reach 2.5e4). Each shard is named by the
+digest of its own sequences' token ids, so changed data never meets stale features, and
+answers appended to a data file reuse every full shard before them (only the last,
+partial one and the new ones are computed). A shard missing a requested layer is
 recomputed with the union of layers; an interrupted run resumes at the first missing shard.
 """
 
@@ -43,12 +45,12 @@ def target_features(
     report: Callable[[dict], None] | None = None,
 ) -> list[dict[int, torch.Tensor]]:
     """Per sequence, {layer: [N, H] bf16 output of that target layer}."""
-    folder = cache / data_digest(target_name, sequences)
+    folder = cache / data_digest(target_name, [])
     folder.mkdir(parents=True, exist_ok=True)
     out: list[dict[int, torch.Tensor]] = []
     for first in range(0, len(sequences), SHARD):
         group = sequences[first : first + SHARD]
-        path = folder / f"shard-{first // SHARD:05d}.safetensors"
+        path = folder / f"shard-{data_digest(target_name, group)}.safetensors"
         stored = _read(path, len(group))
         if stored is None or not set(layers) <= set(stored[0]):
             have = set(stored[0]) if stored else set()

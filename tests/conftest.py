@@ -411,3 +411,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def tiny_answers(tiny_qwen3_deep, tmp_path) -> Path:
+    """The deep tiny target's own answers to three prompts, as `specgen train --prompts`
+    writes them (a training data file)."""
+    import json
+
+    from specgen.pipeline import Pipeline
+
+    base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    rows = []
+    for text in ("The quick brown fox", "def add(a, b):", "Speculative decoding"):
+        prompt = base.encode(text, raw=True)
+        answer = base.generate(text, raw=True, max_new_tokens=30).token_ids
+        rows.append(json.dumps({"prompt_ids": prompt, "response_ids": answer}))
+    path = tmp_path / "answers.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return path

@@ -51,21 +51,16 @@ def test_training_lowers_the_loss_and_the_checkpoint_round_trips(
 
 
 @pytest.mark.slow
-def test_training_loop_resumes_and_writes_a_loadable_drafter(tiny_qwen3_deep, tmp_path):
+def test_training_loop_resumes_and_writes_a_loadable_drafter(
+    tiny_qwen3_deep, tiny_answers, tmp_path
+):
     import json
 
     from specgen.training.loop import TrainConfig, load_sequences, train
 
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    rows = []
-    for text in ("The quick brown fox", "def add(a, b):", "Speculative decoding"):
-        prompt = base.encode(text, raw=True)
-        answer = base.generate(text, raw=True, max_new_tokens=30).token_ids
-        rows.append(json.dumps({"prompt_ids": prompt, "response_ids": answer}))
-    data_file = tmp_path / "responses.jsonl"
-    data_file.write_text("\n".join(rows) + "\n")
-    data = load_sequences(data_file)
+    data = load_sequences(tiny_answers)
     cfg = TrainConfig(kind="dspark", block_size=4, target_layers=(1, 3), mask_token_id=319,
                       markov_rank=8, steps=9, warmup=2, checkpoint_every=3, lr=3e-3)  # fmt: skip
     config = read_config(tiny_qwen3_deep, "t")

@@ -4,29 +4,14 @@ it never saw)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from specgen.errors import CheckpointError
 from specgen.models.dspark import load_dspark
 from specgen.models.loading import load_target, read_config
-from specgen.pipeline import Pipeline
 from specgen.training.loop import TrainConfig, load_sequences, split_holdout, train
 from specgen.training.trainer import Sequence
-
-
-def _answers(model_dir, tmp_path):
-    base = Pipeline.load(str(model_dir), device="cpu", dtype="float32")
-    rows = []
-    for text in ("The quick brown fox", "def add(a, b):", "Speculative decoding"):
-        prompt = base.encode(text, raw=True)
-        answer = base.generate(text, raw=True, max_new_tokens=24).token_ids
-        rows.append(json.dumps({"prompt_ids": prompt, "response_ids": answer}))
-    path = tmp_path / "answers.jsonl"
-    path.write_text("\n".join(rows) + "\n")
-    return load_sequences(path)
 
 
 def test_appended_answers_never_cross_the_held_out_split():
@@ -40,10 +25,10 @@ def test_appended_answers_never_cross_the_held_out_split():
 
 
 @pytest.mark.slow
-def test_a_drafter_trains_on_from_another_ones_weights(tiny_qwen3_deep, tmp_path):
+def test_a_drafter_trains_on_from_another_ones_weights(tiny_qwen3_deep, tiny_answers, tmp_path):
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     config = read_config(tiny_qwen3_deep, "t")
-    data = _answers(tiny_qwen3_deep, tmp_path)
+    data = load_sequences(tiny_answers)
     shape = dict(kind="dspark", block_size=4, target_layers=(1, 3), mask_token_id=319,
                  markov_rank=8, warmup=2)  # fmt: skip
     train(target, config, data, TrainConfig(**shape, steps=6, lr=3e-3), tmp_path / "first")

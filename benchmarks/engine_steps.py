@@ -3,7 +3,7 @@ overlap, and how much of each step the device sits idle (the host gap); then the
 a whole DFlash and DSpark speculative step (every draft verified) the same ways and in the
 device-resident loop (engine/resident.py).
 
-    python benchmarks/engine_steps.py [--target ../shared/fixtures/qwen3-8b.config.json]
+    python benchmarks/engine_steps.py [--target tests/fixtures/qwen3-8b.config.json]
         [--device cuda] [--dtype bfloat16] [--context 512] [--tokens 64] [--out F.json]
 
 Random weights (no Hub needed); greedy AR via `engine/ar.py`, as `specgen` runs it, so the

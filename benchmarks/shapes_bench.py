@@ -1,6 +1,6 @@
 """Step costs at real model shapes with random weights (no Hub needed): the GPU check.
 
-    python benchmarks/shapes_bench.py --target ../shared/fixtures/qwen3-8b.config.json \
+    python benchmarks/shapes_bench.py --target tests/fixtures/qwen3-8b.config.json \
         --device cuda --dtype bfloat16 [--contexts 512,4096] [--out results.json]
 
 Builds the target from a real config.json with random weights, plus a DFlash drafter
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-FIXTURES = HERE.parents[1] / "shared" / "fixtures"
+FIXTURES = HERE.parent / "tests" / "fixtures"  # copies of ../shared/fixtures: they travel
 
 # DSpark paper Table 1 (T=1, γ=7): τ on GSM8K / MT-Bench, incl. the bonus token.
 PUBLISHED_TAU = {

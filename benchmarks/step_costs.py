@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-FIXTURE = HERE.parents[1] / "shared" / "fixtures" / "dspark-qwen3-4b-block7.config.json"
+FIXTURE = HERE.parent / "tests" / "fixtures" / "dspark-qwen3-4b-block7.config.json"
 
 
 def random_drafter(kind: str, target, layers: int, block: int):

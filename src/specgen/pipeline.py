@@ -262,14 +262,24 @@ class Pipeline:
             session.scheduler = self._scheduler()
         return session
 
-    def _scheduler(self) -> VerifyScheduler | None:
+    def _scheduler(self, *, learn: bool = True) -> VerifyScheduler | None:
         policy = self.spec.verify_policy
         if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
             scheduler = VerifyScheduler(policy, self.costs)
-            if self.learnt is not None:
+            if learn and self.learnt is not None:
                 scheduler.learn_from(self.learnt)
             return scheduler
         return None  # every draft verified whole
+
+    def _forget_learnt(self, session: Session) -> None:
+        """A seeded answer depends on its conversation and its seed alone, not on what was
+        asked before: how many drafts are verified (the scheduler) and which drafter drafts
+        (stacked's selector) decide which of the generator's draws fall on which token, so
+        both start from their priors instead of from what earlier answers learnt."""
+        session.scheduler = self._scheduler(learn=False)
+        forget = getattr(session.drafter, "forget", None)  # drafters that adapt per answer
+        if forget is not None:
+            forget()
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
@@ -309,6 +319,9 @@ class Pipeline:
             raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
+        params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
+        if session.drafter is not None and params.seed is not None and not params.greedy:
+            self._forget_learnt(session)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
         if session.drafter is not None:
             policy = session.scheduler.policy if session.scheduler else "full"
@@ -317,7 +330,6 @@ class Pipeline:
             stats.trace = []
         detok = Detokenizer(self.codec)
         output: list[int] = []
-        params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
         if session.drafter is None:
 
             def make_events() -> Iterator[StepEvent]:

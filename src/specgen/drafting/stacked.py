@@ -131,6 +131,12 @@ class StackedDrafter:
             DraftOption(bucket=i, seconds=s) for i, s in enumerate(method.draft_seconds)
         )
 
+    def forget(self) -> None:
+        """Back to the selector's prior, as a new drafter (for a seeded answer, whose tokens
+        must not depend on the answers before it)."""
+        self.records = tuple(DrafterRecord() for _ in self.drafters)
+        self.step = 0
+
     def select(self, bucket: int) -> None:
         """The scheduler's pick for the next `propose` (an option's bucket: the drafter)."""
         self._selected = bucket

@@ -126,3 +126,45 @@ def target(tiny_qwen3_deep):
     from specgen.models.loading import load_target
 
     return load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 16 rows: many programs per slot, so the cross-tile reduction is exercised."""
+    from specgen.kernels import markov
+
+    monkeypatch.setattr(markov, "TILE_ELEMENTS", 16)
+
+
+@pytest.mark.parametrize("temperature", [None, 0.9])
+def test_many_tiles_reduce_to_the_reference(small_tiles, temperature):
+    from specgen.kernels.markov import markov_greedy_triton, markov_sample_triton
+
+    for seed in range(2):
+        t = _case(6, 900, 333, 8, 40, True, True, seed)
+        if temperature is None:
+            got = markov_greedy_triton(anchor=3, **t)
+            want = markov_greedy_torch(anchor=3, **t)
+        else:
+            gen = torch.Generator().manual_seed(7 + seed)
+            noise = torch.empty(6, 333).exponential_(generator=gen).to(DEVICE)
+            got = markov_sample_triton(anchor=3, noise=noise, temperature=temperature, **t)
+            want = markov_greedy_torch(anchor=3, noise=noise, temperature=temperature, **t)
+            torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-6)
+        assert got[0].tolist() == want[0].tolist()
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_tie_across_tiles_goes_to_the_first_index(small_tiles):
+    from specgen.kernels.markov import markov_greedy_triton
+
+    t = _case(3, 200, None, 4, 16, False, False, 0)
+    t["w2"] = torch.zeros_like(t["w2"])  # the logits are the base alone
+    base = torch.zeros(3, 200)
+    base[0, [40, 170]] = 5.0  # tiles 2 and 10 (16 rows each)
+    base[1, [17, 18, 199]] = 2.0  # one tile, then the last
+    base[2, [0, 16]] = 1.0  # the very first row
+    t["base"] = base.to(DEVICE)
+    tokens, _ = markov_greedy_triton(anchor=3, **t)
+    assert tokens.tolist() == [40, 17, 0]
+    assert tokens.tolist() == markov_greedy_torch(anchor=3, **t)[0].tolist()

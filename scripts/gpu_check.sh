@@ -3,6 +3,7 @@
 #   1. the AR loop at Qwen3-8B shapes: eager vs graphs, sync vs overlap, device idle share;
 #      whole DFlash / DSpark steps in the sync loop and the device-resident loop
 #      (benchmarks/engine_steps.py) -- issue 8's sync-vs-overlap measurement;
+#      and a profile of eager decoding steps (benchmarks/profile_eager_steps.py);
 #   2. the gpu-marked tests and the kernel tests, for real on CUDA;
 #   3. step costs at Qwen3-4B / Qwen3-8B shapes with random bf16 weights, eager and as CUDA
 #      graphs (benchmarks/shapes_bench.py);
@@ -32,6 +33,11 @@ cat "$OUT/machine.txt"
 # 1. the real AR loop at Qwen3-8B shapes; sync vs overlap; resident speculative steps
 timeout 170 $PY benchmarks/engine_steps.py --device cuda --dtype bfloat16 --context 512 \
   --out "$OUT/engine.json" 2>&1 | grep -v '^{' | tee "$OUT/engine.txt"
+
+# 1b. where an eager step's time goes (the loop's eager steps ran ~4x slower than a forward)
+timeout 90 $PY benchmarks/profile_eager_steps.py --device cuda --context 512 --steps 24 \
+  --out "$OUT/eager-profile.txt" > /dev/null 2>&1
+head -3 "$OUT/eager-profile.txt"
 
 # 2. correctness on CUDA: lossless per method and engine, kernels against their references
 PER_TEST=""

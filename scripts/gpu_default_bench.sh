@@ -25,11 +25,14 @@ if ls .gpu-carry/wheels/*.whl > /dev/null 2>&1; then
 fi
 
 SUITE=benchmarks/prompts/spec_bench_sample.jsonl
-for run in "float32 auto" "bfloat16 auto" "bfloat16 sync"; do
+DEVICE="${DEVICE:-cuda}" PROMPTS="${PROMPTS:-8}" TOKENS="${TOKENS:-128}"
+IFS=, read -ra RUNS <<< "${RUNS:-float32 auto,bfloat16 auto,bfloat16 sync}"
+for run in "${RUNS[@]}"; do
   set -- $run
   name="default-bench-$1-$2"
-  timeout 200 python3 -m specgen bench --suite "$SUITE" --num-prompts 13 --max-new-tokens 128 \
-    --methods ar,dflash,dspark,stacked --device cuda --dtype "$1" --engine "$2" --json \
+  timeout "${RUN_LIMIT:-100}" python3 -m specgen bench --suite "$SUITE" --num-prompts "$PROMPTS" \
+    --max-new-tokens "$TOKENS" --methods ar,dflash,dspark,stacked --device "$DEVICE" \
+    --dtype "$1" --engine "$2" --json \
     > "$OUT/$name.txt" 2> "$OUT/$name.err"
   echo "$name: exit $?"; grep -E "all|=" "$OUT/$name.txt" | tail -8
 done

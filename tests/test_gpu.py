@@ -114,3 +114,23 @@ def test_resident_steps_on_cuda_are_the_sync_steps(cuda_ar, tiny_dflash, tiny_ds
             )
             assert got.token_ids == want.token_ids and steps(got) == steps(want)
             assert session.forward.captured > 0
+
+
+def test_eager_attention_skips_cudnn():
+    """cuDNN's SDPA plans per key length (~1 ms of host time per layer per decoding step
+    on an H200): the eager path must pick another fused kernel, with the same result."""
+    from specgen.kernels.attention import attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 8, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, 2, 517, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, 2, 517, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        out = attention(q, k, v, None, False)
+        torch.cuda.synchronize()
+    names = [e.key.lower() for e in prof.key_averages()]
+    assert not any("cudnn" in n for n in names), names
+    kv = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    want = torch.softmax((q.float() @ kv[0].float().transpose(-1, -2)) / 128**0.5, -1)
+    torch.testing.assert_close(out.float(), want @ kv[1].float(), atol=2e-2, rtol=2e-2)

@@ -1,6 +1,10 @@
 """Attention over the KV cache: queries of the new tokens against every cached key.
 
-On the GPU this is torch's fused SDPA. On the CPU, bf16/fp16 inputs are attended in fp32:
+On the GPU this is torch's fused SDPA, with cuDNN's backend left out: it builds an
+execution plan for each new key length, so decoding (the cache grows every step) paid
+~1 ms of host time per layer per step, 38 ms of a Qwen3-8B step's 62 (H200, torch 2.11,
+benchmarks/profile_eager_steps.py); the flash and memory-efficient kernels have no such
+setup. On the CPU, bf16/fp16 inputs are attended in fp32:
 CPUs without half-precision units run torch's half-precision flash kernel several times
 slower than the fp32 one (measured on AVX2: 697 us vs 164 us per layer at 1,000 cached
 tokens), and the upcast copies are small next to that.
@@ -10,6 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention(
@@ -24,6 +31,11 @@ def attention(
             q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True
         )
         return out.to(q.dtype)
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_BACKENDS):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
+            )
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
     )

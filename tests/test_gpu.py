@@ -134,3 +134,22 @@ def test_eager_attention_skips_cudnn():
     kv = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
     want = torch.softmax((q.float() @ kv[0].float().transpose(-1, -2)) / 128**0.5, -1)
     torch.testing.assert_close(out.float(), want @ kv[1].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_verify_costs_replay_the_step_graphs(cuda_ar, monkeypatch):
+    """With graphs on, the verify costs are timed as the graph replays a session runs."""
+    from specgen.engine import cuda_graphs
+    from specgen.scheduling.cost import measure_costs
+
+    replays = []
+    real = cuda_graphs.GraphedForward.__call__
+
+    def counted(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        replays.append(self.captured)
+        return out
+
+    monkeypatch.setattr(cuda_graphs.GraphedForward, "__call__", counted)
+    table = measure_costs(cuda_ar.model, 3, contexts=(16,), repeats=2, graphs=True)
+    assert table.max_drafts == 3 and all(s > 0 for s in table.seconds[0])
+    assert replays and replays[-1] == 4  # one graph per block size, 1..4 tokens

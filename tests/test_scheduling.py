@@ -97,6 +97,30 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
     assert first.max_drafts == 3 and all(s > 0 for row in first.seconds for s in row)
     monkeypatch.setattr(cost, "measure_costs", lambda *a, **k: pytest.fail("measured twice"))
     assert cost.cached_costs(model, "tiny", 2) == first
+    # graphs only change how a CUDA session's steps run: on the CPU, the same table
+    assert cost.cached_costs(model, "tiny", 2, graphs=True) == first
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflash, graphs):
+    from specgen.config import SpecConfig
+    from specgen.pipeline import Pipeline
+    from specgen.scheduling import cost
+
+    seen = []
+    real = cost.cached_costs
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("graphs"))
+        return real(*args, **kwargs)
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("specgen.pipeline.cached_costs", spy)
+        patch.setattr("specgen.drafting.stacked.cached_costs", spy)
+        spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), cuda_graphs=graphs)
+        ar.with_spec(spec)
+    assert seen == [graphs]
 
 
 def test_drafting_is_skipped_only_when_no_verify_length_pays():

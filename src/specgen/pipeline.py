@@ -220,6 +220,7 @@ class Pipeline:
                 notify,
                 method=method,
                 drafter_key=drafter_key,
+                graphs=spec.cuda_graphs,
             )
         return Pipeline(
             self.model, self.codec, self.name, self.context, spec, costs, method, self.source

@@ -106,6 +106,7 @@ class StackedMethod:
                 notify,
                 method=m,
                 drafter_key=f"{k}|{d}|{spec.draft_tokens}",
+                graphs=spec.cuda_graphs,
             )
             for k, d, m in zip(kinds, dirs, methods, strict=True)
         ]

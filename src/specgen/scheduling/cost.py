@@ -64,18 +64,27 @@ def measure_costs(
     *,
     contexts: tuple[int, ...] = PROFILE_CONTEXTS,
     repeats: int = 5,
+    graphs: bool = False,
 ) -> CostTable:
     """Time target forwards over blocks of 1..max_drafts+1 tokens after each context.
 
     Sizes are interleaved across sweeps and each keeps its fastest run: on a shared machine
-    interference only ever adds time.
+    interference only ever adds time. `graphs` (CUDA): each block replayed as the CUDA graph
+    a session decodes with, so verify costs are on the same footing as the drafter's step,
+    whose graphs `measure_draft_seconds` already replays; eager launch overhead would make
+    every verify length look alike and drafting look cheaper than it is.
     """
+    from specgen.engine.cuda_graphs import GraphedForward
+
     device, vocab = model.device, model.args.vocab_size
     contexts = tuple(c for c in contexts if c + max_drafts + 1 <= model.args.max_positions)
     gen = torch.Generator().manual_seed(0)
     table = []
     for context in contexts or (1,):
         cache = model.new_cache(context + max_drafts + 1)
+        forward = model
+        if graphs and device.type == "cuda":
+            forward = GraphedForward(model, cache, max_tokens=max_drafts + 1, capture=True)
         model(torch.randint(0, vocab, (1, context), generator=gen).to(device), cache)
         blocks = [
             torch.randint(0, vocab, (1, n + 1), generator=gen).to(device)
@@ -86,7 +95,7 @@ def measure_costs(
             for n, block in enumerate(blocks):
                 _sync(device)
                 start = time.perf_counter()
-                model(block, cache)
+                forward(block, cache)
                 _sync(device)
                 if sweep:
                     seconds[n] = min(seconds[n], time.perf_counter() - start)
@@ -136,8 +145,9 @@ def _write_json(path, record: dict) -> None:
 
 
 # Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
-# (2: few-row CPU matmul paths retuned, draft vocabularies through them).
-KERNELS_REVISION = 2
+# (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
+# draw spread over the GPU, eager CUDA attention without cuDNN).
+KERNELS_REVISION = 3
 
 
 def cached_costs(
@@ -148,21 +158,24 @@ def cached_costs(
     *,
     method: DraftMethod | None = None,
     drafter_key: str = "",
+    graphs: bool = False,
 ) -> CostTable:
     """The cost table for `key` (model identity), measuring what is missing once.
 
     With `method`, the table also carries that drafter's time per step (cached under
-    `drafter_key`, which must identify the drafter and its settings)."""
+    `drafter_key`, which must identify the drafter and its settings). `graphs`: the
+    session decodes with CUDA graphs, so the verify steps are timed as graph replays."""
     threads = torch.get_num_threads()
+    graphs = graphs and model.device.type == "cuda"
     ident = (
         f"{key}|{model.dtype}|{model.device}|threads={threads}|torch={torch.__version__}"
-        f"|kernels={KERNELS_REVISION}"
+        f"|kernels={KERNELS_REVISION}" + ("|graphs" if graphs else "")
     )
     table = _load_table(_cache_path(ident), max_drafts)
     if table is None:
         if notify:
             notify("measuring verify costs once for this model and device (cached)")
-        table = measure_costs(model, max_drafts)
+        table = measure_costs(model, max_drafts, graphs=graphs)
         record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
         _write_json(_cache_path(ident), record)
     if method is None:

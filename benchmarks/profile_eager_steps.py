@@ -11,23 +11,16 @@ Run by scripts/gpu_check.sh.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
-from shapes_bench import FIXTURES, _sync, build
+from shapes_bench import _sync, build, loop_parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", type=Path, default=FIXTURES / "qwen3-8b.config.json")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--context", type=int, default=512)
+    parser = loop_parser(__doc__)
     parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     from specgen.config import SamplingParams

@@ -122,6 +122,17 @@ def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -
     return times
 
 
+def loop_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the benchmarks that run one target's decoding loop at real shapes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--target", type=Path, default=FIXTURES / "qwen3-8b.config.json")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--out", type=Path)
+    return parser
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

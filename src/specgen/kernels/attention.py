@@ -12,6 +12,8 @@ tokens), and the upcast copies are small next to that.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -31,11 +33,8 @@ def attention(
             q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True
         )
         return out.to(q.dtype)
-    if q.is_cuda:
-        with sdpa_kernel(CUDA_BACKENDS):
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
-            )
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
-    )
+    backends = sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext()
+    with backends:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
+        )

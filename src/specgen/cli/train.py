@@ -41,6 +41,12 @@ def train(
     minutes: Annotated[float | None, typer.Option("--minutes")] = None,
     steps: Annotated[int | None, typer.Option("--steps")] = None,
     lr: Annotated[float, typer.Option("--lr")] = 1e-3,
+    sequences_per_step: Annotated[
+        int, typer.Option("--sequences-per-step", help="Answers in each optimiser step.")
+    ] = 4,
+    anchors_per_sequence: Annotated[
+        int, typer.Option("--anchors-per-sequence", help="Blocks drawn from each answer.")
+    ] = 16,
     mask_token_id: Annotated[int, typer.Option("--mask-token-id")] = 0,
     markov_rank: Annotated[int, typer.Option("--markov-rank")] = 64,
     init: Annotated[
@@ -82,6 +88,8 @@ def train(
             raise SpecgenError(
                 f"--init must be random, target or a drafter directory (got {init!r})"
             )
+        if sequences_per_step < 1 or anchors_per_sequence < 1:
+            raise SpecgenError("--sequences-per-step and --anchors-per-sequence must be >= 1")
         if not prompts and not data:
             raise SpecgenError("give --prompts FILE (the target answers them) or --data FILE")
         if not prompts and not minutes and not steps:
@@ -110,6 +118,8 @@ def train(
             mask_token_id=mask_token_id,
             markov_rank=markov_rank,
             lr=lr,
+            sequences_per_step=sequences_per_step,
+            anchors_per_sequence=anchors_per_sequence,
             minutes=minutes,
             steps=steps,
             init_from_target=init == "target",

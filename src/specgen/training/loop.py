@@ -188,8 +188,10 @@ def train(
     hidden = target_features(
         target, target_name, data, layers, features_cache or out / "features", report
     )
+    # on the target's device once: a GPU step then copies nothing from the host (and
+    # indexes DSpark's last-layer states with device-side positions)
     prepared_all = [
-        Prepared.from_layers(seq, h, taps, last if cfg.kind == "dspark" else None)
+        Prepared.from_layers(seq, h, taps, last if cfg.kind == "dspark" else None).to(target.device)
         for seq, h in zip(data, hidden, strict=True)
     ]
     train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)

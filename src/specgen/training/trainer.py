@@ -47,6 +47,10 @@ class Prepared:
         features = torch.cat([layers[i] for i in taps], dim=-1)
         return cls(seq, features, None if last is None else layers[last])
 
+    def to(self, device: torch.device) -> Prepared:
+        last = None if self.last_hidden is None else self.last_hidden.to(device)
+        return Prepared(self.seq, self.features.to(device), last)
+
 
 @torch.inference_mode()
 def layer_outputs(
@@ -62,7 +66,7 @@ def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: boo
     final = target.args.num_layers - 1
     layers = tuple(sorted({*taps, final})) if last else taps
     hidden = layer_outputs(target, seq, layers)
-    return Prepared.from_layers(seq, hidden, taps, final if last else None)
+    return Prepared.from_layers(seq, hidden, taps, final if last else None).to(target.device)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@
 # the shipped drafters of the embedded default further, on the committed answers
 # (data/smollm2-135m/answers.jsonl), with far larger steps than the 2-core CPU affords.
 # The same recipe as scripts/train_default_drafters.sh (warm start, every 65th answer held
-# out for the offline τ); the DSpark calibration is left to that machine's CPU side here:
+# out for the offline τ); DSpark's calibration is left to this side:
 #   specgen calibrate --prompts data/smollm2-135m/calibration-prompts.jsonl --drafter DIR
-# Both drafters come back as one tar cut into 15 MB parts ($OUT/drafters.tar.part-*, the
-# device tool returns files of at most 16 MiB), with the training logs:
+# Both drafters (for a run stopped early, its last checkpoint's) come back as one tar cut
+# into 15 MB parts, as the device tool returns files of at most 16 MiB, with the logs:
 #   cat drafters.tar.part-* | tar x    # -> gpu-drafters/{dflash,dspark}/
 set -uo pipefail
 OUT="${OUT:-gpu-results}"
@@ -23,7 +23,9 @@ timeout "${FEATURES_LIMIT:-240}" python3 -m specgen train --kind dspark --data "
   --out "$BUILD/features" --block-size 8 --target-layers "$LAYERS" --steps 1 \
   --eval-minutes 0 --device "$DEVICE" > "$OUT/features.log" 2>&1
 echo "features: exit $?"; tail -2 "$OUT/features.log"
-LIMIT=$(python3 -c "print(int($MINUTES * 60 + ${MARGIN:-240}))")
+# the budget starts after the target's features are read back (~2 min there for 3k
+# answers); a run stopped at this outer limit still leaves its last checkpoint's drafter
+LIMIT=$(python3 -c "print(int($MINUTES * 60 + ${MARGIN:-300}))")
 for kind in dflash dspark; do
   timeout "$LIMIT" python3 -m specgen train --kind "$kind" --data "$DATA" \
     --out "$BUILD/$kind" --block-size 8 --target-layers "$LAYERS" \
@@ -37,8 +39,10 @@ mkdir -p gpu-drafters
 for kind in dflash dspark; do
   [ -f "$BUILD/$kind/model.safetensors" ] || continue
   mkdir -p "gpu-drafters/$kind"
-  cp "$BUILD/$kind"/{config.json,model.safetensors,training.json,draft_vocab.json} \
-    "gpu-drafters/$kind/"
+  # training.json only when the run finished; else config.json says how far it got
+  for f in config.json model.safetensors training.json draft_vocab.json; do
+    [ -f "$BUILD/$kind/$f" ] && cp "$BUILD/$kind/$f" "gpu-drafters/$kind/"
+  done
 done
 tar cf - gpu-drafters | split -b 15m - "$OUT/drafters.tar.part-"
 ls -l "$OUT"

@@ -83,6 +83,13 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
             train(target, config, data, cfg, tmp_path / "d")
     finally:
         loop.sequence_loss = real
+    # the stopped run left a drafter: the step-6 checkpoint's weights, marked unfinished
+    stopped = load_dspark(tmp_path / "d", target=target, target_name="t", name="stopped")
+    record = json.loads((tmp_path / "d" / "config.json").read_text())["specgen_training"]
+    assert record == {"steps": 6, "finished": False}
+    at_six = torch.load(tmp_path / "d" / "state.pt", weights_only=True)
+    assert at_six["step"] == 6
+    assert torch.equal(stopped.backbone.fc, at_six["net"]["backbone.fc"].to(torch.bfloat16).float())
     more = train(target, config, data, cfg, tmp_path / "d", resume=True)
     assert more["steps"] == 9
     # trained through the data's head rows: the drafter drafts from those rows only

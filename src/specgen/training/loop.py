@@ -247,6 +247,8 @@ def train(
             report({"step": step, "loss": sum(history[-10:]) / 10, "seconds": elapsed})
         if step % cfg.checkpoint_every == 0:
             _save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
+            # and the drafter itself: a run stopped at an outer limit still leaves one
+            _write_drafter(out, net, config, vocab, {"steps": step, "finished": False})
     final_loss = sum(history[-20:]) / max(len(history[-20:]), 1)
     evaluate(final_loss)
     seconds = time.perf_counter() - start
@@ -263,13 +265,15 @@ def train(
         "offline_tau": curve[-1][2] if curve else None,
         "curve": [dict(zip(("minutes", "step", "tau", "loss"), row, strict=True)) for row in curve],
     }
-    save_drafter(out, net, config, extra={"specgen_training": {
-        k: v for k, v in summary.items() if k != "curve"
-    }})  # fmt: skip
-    if vocab is not None:  # inference drafts from the rows training ranked
-        save_draft_vocab(out, vocab.ids.tolist())
+    _write_drafter(out, net, config, vocab, {k: v for k, v in summary.items() if k != "curve"})
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _write_drafter(out: Path, net, config: dict, vocab: Vocab | None, record: dict) -> None:
+    save_drafter(out, net, config, extra={"specgen_training": record})
+    if vocab is not None:  # inference drafts from the rows training ranked
+        save_draft_vocab(out, vocab.ids.tolist())
 
 
 def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen, curve) -> None:

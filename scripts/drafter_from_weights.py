@@ -1,0 +1,83 @@
+"""Write a drafter in its public format from bare training weights, and judge it.
+
+For weights that left a training run without its final write: a run stopped at a limit
+(its last `state.pt` checkpoint), or one on another machine whose state was too large to
+bring back (scripts/gpu_train_drafters.sh's fallback sends `state["net"]` alone, in bf16).
+The drafter it continues (`--like`) gives the shape, the draft vocabulary and the training
+record; the held-out τ is measured here on the same split training used.
+
+  python scripts/drafter_from_weights.py --weights dflash.net.safetensors \
+      --like src/specgen/drafters/smollm2-135m-dflash --out build/gpu-dflash \
+      --record '{"steps": 1000, "device": "cuda"}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specgen.drafting.vocab import save_draft_vocab
+from specgen.hub import resolve_model
+from specgen.models.loading import load_target, read_config
+from specgen.paths import specgen_home
+from specgen.training.checkpoint import save_drafter
+from specgen.training.evaluate import offline_acceptance
+from specgen.training.features import target_features
+from specgen.training.loop import (
+    TrainConfig,
+    drafter_config,
+    load_sequences,
+    new_drafter,
+    split_holdout,
+)
+from specgen.training.trainer import Prepared, Vocab
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weights", type=Path, required=True, help="the net's state_dict")
+    ap.add_argument("--like", type=Path, required=True, help="a drafter of the same shape")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--data", type=Path, default=Path("data/smollm2-135m/answers.jsonl"))
+    ap.add_argument("--record", default="{}", help="JSON merged into the training record")
+    args = ap.parse_args()
+
+    before = json.loads((args.like / "training.json").read_text())
+    fields = set(TrainConfig.__dataclass_fields__)
+    cfg = TrainConfig(**{k: v for k, v in before["config"].items() if k in fields})
+    cfg = TrainConfig(**{**asdict(cfg), "target_layers": tuple(cfg.target_layers)})
+    resolved = resolve_model("smollm2-135m")
+    target = load_target(resolved.path, dtype=torch.float32, device="cpu", name=resolved.name)
+    config = drafter_config(read_config(resolved.path, resolved.name), target.args.num_layers, cfg)
+    net = new_drafter(target, config, cfg.kind, cfg.seed)
+    weights = {k: v.float() for k, v in load_file(str(args.weights)).items()}
+    net.load_state_dict(weights)  # strict: any other shape fails here
+
+    train_seqs, held_seqs = split_holdout(load_sequences(args.data), cfg.holdout_every)
+    backbone = net.backbone if cfg.kind == "dspark" else net
+    taps = tuple(backbone.args.target_layer_ids)
+    last = target.args.num_layers - 1
+    layers = tuple(sorted({*taps, last}))
+    hidden = target_features(target, resolved.name, held_seqs, layers, specgen_home() / "features")
+    held = [
+        Prepared.from_layers(s, h, taps, last if cfg.kind == "dspark" else None)
+        for s, h in zip(held_seqs, hidden, strict=True)
+    ]
+    vocab = Vocab.of(target, train_seqs)
+    tau = offline_acceptance(target, net, held, vocab).tau
+    record = {**before, **json.loads(args.record), "offline_tau": round(tau, 4)}
+    save_drafter(args.out, net, config, extra={
+        "specgen_training": {k: v for k, v in record.items() if k != "curve"}
+    })  # fmt: skip
+    save_draft_vocab(args.out, vocab.ids.tolist())  # the rows training ranked
+    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{args.out}: held-out τ {tau:.4f} (was {before['offline_tau']})")
+
+
+if __name__ == "__main__":
+    main()

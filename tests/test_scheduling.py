@@ -258,3 +258,54 @@ def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, 
     text = "The quick brown fox"
     want = ar.generate(text, max_new_tokens=30).token_ids
     assert pipe.generate(text, max_new_tokens=30, session=second).token_ids == want
+
+
+def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
+    """Stacked's pick between DFlash (no confidences) and DSpark (confidence-trimmed).
+    Half of the confident drafter's steps verify 3 drafts and commit 4 tokens, half verify
+    none: per position its rates are [0.5, 1, 1], which priced as a fixed verify length
+    give (1 + 3 x 0.5) / (0.5 + 1.8) = 1.09 tokens/s. Its steps as verified give
+    (4 + 1) / ((0.5 + 1.8) + (0.5 + 1.0)) = 1.32. The other drafter, verified whole at
+    rates [0.55, 1, 1], gives (1 + 3 x 0.55) / 2.3 = 1.15."""
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.acceptance import RealisedSteps
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import VerifyScheduler
+
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.8),), draft_seconds=0.5)
+    options = (DraftOption(0), DraftOption(1))
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    sure = Draft(tokens=tokens, confidence=torch.full((1, 3), 0.99), bucket=1)
+    unsure = Draft(tokens=tokens, confidence=torch.full((1, 3), 0.01), bucket=1)
+    plain = Draft(tokens=tokens, bucket=0)
+    for step in range(40):
+        scheduler.record(plain, accepted=3 if (step * 11) % 20 < 11 else 0)  # 55%, spread
+        if step % 2:
+            scheduler.record(sure, accepted=3, proposed=3)
+        else:
+            scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
+    rates = scheduler.tracker.rates(1, 3)  # (the prior, 0.6, pulls them in a little)
+    assert rates == pytest.approx([0.5, 0.92, 0.92], abs=0.03)
+    from specgen.scheduling.verify_length import drafting_rate
+
+    by_rates = [
+        drafting_rate(scheduler.tracker.rates(b, 3), step_seconds=costs.seconds[0],
+                      draft_seconds=0.5)
+        for b in (0, 1)
+    ]  # fmt: skip
+    assert by_rates[0] > by_rates[1]  # priced by its rates it would lose
+    assert scheduler.pick(options, 100) == 1  # by its steps, not by its rates
+    realised = scheduler.realised.rate(1, step_seconds=costs.seconds[0], draft_seconds=0.5)
+    assert realised == pytest.approx(5 / 3.8, rel=0.03)
+    # a drafter without confidences keeps its per-position price; so does one not yet seen
+    assert scheduler.realised.rate(0, step_seconds=costs.seconds[0], draft_seconds=0.5) is None
+    fresh = RealisedSteps(3)
+    fresh.record(1, 3, 4)
+    assert fresh.rate(1, step_seconds=costs.seconds[0], draft_seconds=0.5) is None  # 1 step
+    # and by its steps, a confident drafter that keeps verifying nothing does not pay
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    for _ in range(10):
+        scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
+    assert scheduler.pick((DraftOption(1),), 100) is None

@@ -4,7 +4,8 @@ One capture of target features feeds both: the target taps the union of their la
 and each drafter's context cache is extended with every committed token (and rolled back
 with the target), so either can draft the next step. Under the cost policy the scheduler
 picks, before each step, the drafter with the best expected tokens per second from its
-per-position acceptance on earlier steps and its own measured draft time, or no draft at
+acceptance on earlier steps (DSpark's priced by its steps as its confidences verified
+them, `scheduling/acceptance.RealisedSteps`) and its own measured draft time, or no draft at
 all when neither is expected to beat a plain decoding step (`VerifyScheduler.pick`); the
 drafters are its two options, buckets 0 and 1. Under the other policies the selector
 (`scheduling/selector.py`) picks from committed tokens per step. The chosen drafter's

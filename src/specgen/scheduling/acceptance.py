@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 PRIOR_RATE = 0.6  # optimistic enough to try drafting before anything is known
 PRIOR_WEIGHT = 2.0
 DECAY = 0.97  # per step: roughly the last 30 steps dominate
+MIN_WEIGHT = 4.0  # recent steps before their realised rate (RealisedSteps) is trusted
 
 
 @dataclass
@@ -48,3 +49,39 @@ class AcceptanceTracker:
             trials[i] += 1.0
             if i < accepted:
                 wins[i] += 1.0
+
+
+@dataclass
+class RealisedSteps:
+    """What a drafter's steps actually verified and committed, per bucket: recency-weighted
+    counts per verify length, with the tokens those steps committed.
+
+    For a drafter whose own confidences trim each draft (DSpark), the per-position rates
+    above price a draft as if every step verified the same length, but the confidences
+    verify long where drafts are good and nothing where they are not, which costs less for
+    the same tokens. The rate of the steps as they were verified is the honest estimate of
+    what drafting with it gives; priced with the current step costs, so the estimate is
+    deterministic (no wall clock) and, like the rates, uses finished steps only."""
+
+    max_length: int
+    weight: dict[int, list[float]] = field(default_factory=dict)  # [verify length]
+    tokens: dict[int, list[float]] = field(default_factory=dict)  # committed, same index
+
+    def record(self, bucket: int, verified: int, committed: int) -> None:
+        for counts in (*self.weight.values(), *self.tokens.values()):
+            for i in range(len(counts)):
+                counts[i] *= DECAY
+        n = min(verified, self.max_length)
+        self.weight.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += 1.0
+        self.tokens.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += committed
+
+    def rate(
+        self, bucket: int, *, step_seconds: list[float] | tuple[float, ...], draft_seconds: float
+    ) -> float | None:
+        """Tokens per second of this bucket's recent steps (None before MIN_WEIGHT of them)."""
+        weight = self.weight.get(bucket)
+        if weight is None or sum(weight) < MIN_WEIGHT:
+            return None
+        tokens = sum(self.tokens[bucket])
+        seconds = sum(w * (draft_seconds + step_seconds[n]) for n, w in enumerate(weight))
+        return tokens / seconds

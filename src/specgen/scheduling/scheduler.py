@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from specgen.drafting.base import Draft, DraftOption
-from specgen.scheduling.acceptance import AcceptanceTracker
+from specgen.scheduling.acceptance import AcceptanceTracker, RealisedSteps
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.verify_length import (
@@ -32,6 +32,8 @@ class VerifyScheduler:
         self.policy = policy
         self.costs = costs
         self.tracker = AcceptanceTracker(costs.max_drafts if costs else DEFAULT_POSITIONS)
+        # confidence-trimmed drafters: their steps as verified (see RealisedSteps)
+        self.realised = RealisedSteps(costs.max_drafts if costs else DEFAULT_POSITIONS)
         self._skips = 0  # consecutive skipped drafts
         self._probe_after = PROBE_AFTER[0]
         self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
@@ -44,6 +46,7 @@ class VerifyScheduler:
         prompt on the same drafter and machine then does not pay for exploring again.
         Earlier answers only, so nothing here looks at the tokens it will judge."""
         self.tracker = copy.deepcopy(earlier.tracker)
+        self.realised = copy.deepcopy(earlier.realised)
         self._probe_after = earlier._probe_after
 
     def decide(
@@ -81,8 +84,10 @@ class VerifyScheduler:
     def pick(self, options: Sequence[DraftOption], context: int) -> int | None:
         """Before drafting (`prices_drafts` only): the bucket of the option with the best
         expected tokens per second, or None when no option is expected to beat a plain
-        decoding step (then call `skipped`). Estimates come from earlier steps only, so
-        whether and with what to draft never depends on the tokens being judged.
+        decoding step (then call `skipped`). A drafter whose confidences trim its drafts is
+        priced by its recent steps as verified (`RealisedSteps`), any other by its
+        per-position rates. Estimates come from earlier steps only, so whether and with
+        what to draft never depends on the tokens being judged.
 
         A skipped step teaches nothing about acceptance, so after a run of skips one probe
         draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens); the
@@ -93,8 +98,11 @@ class VerifyScheduler:
         for option in options:
             seconds = self.costs.draft_seconds if option.seconds is None else option.seconds
             self._draft_seconds[option.bucket] = seconds
-            conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
-            rates.append(drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds))
+            realised = self.realised.rate(option.bucket, step_seconds=steps, draft_seconds=seconds)
+            if realised is None:  # not a confidence-trimmed drafter, or too few steps yet
+                conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
+                realised = drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds)
+            rates.append(realised)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
         if rates[best] > 1.0 / steps[0]:
             return options[best].bucket
@@ -138,6 +146,8 @@ class VerifyScheduler:
         if verified == 0:  # a plain decoding step (`skipped`): no evidence, and not a probe
             return
         self.tracker.record(draft.bucket, verified, accepted)
+        if draft.confidence is not None and proposed is not None:  # probes too: they
+            self.realised.record(draft.bucket, draft.length, accepted + 1)  # are its steps
         if draft.probe:
             failed = accepted == 0
             self._probe_after = (

@@ -1,5 +1,9 @@
 """Print a `specgen bench --json` run as one row per category: tok/s, speedup and τ of
-every method side by side (the JSON is the bench output's last line).
+every method side by side (the JSON is the bench output's last line). With stacked, dflash
+and dspark in the run, a last column holds stacked's speed over the better of the two
+(issue 8's goal: at least 0.97 in every category, above 1 on the mixed suite), marked "="
+where stacked verified exactly what one of them verified (the same acceptance histogram
+and step count: there the ratio is the machine's noise, not the selector's doing).
 
     python benchmarks/summarize_bench.py bench-output.txt
 """
@@ -16,13 +20,30 @@ def main() -> None:
     results = summary["results"]
     methods = list(results)
     categories = list(results[methods[0]])
-    print("category".ljust(15) + "".join(f"{m:>24}" for m in methods))
+    goal = {"stacked", "dflash", "dspark"} <= set(methods)
+    print("category".ljust(15) + "".join(f"{m:>24}" for m in methods)
+          + ("   stacked/best" if goal else ""))  # fmt: skip
     for c in categories:
         cells = []
         for m in methods:
             r = results[m][c]
             cells.append(f"{r['tokens_per_second']:6.1f} {r['speedup']:5.2f}x τ{r['tau']:5.2f}")
-        print(c.ljust(15) + "".join(f"{cell:>24}" for cell in cells))
+        row = c.ljust(15) + "".join(f"{cell:>24}" for cell in cells)
+        if goal:
+            row += f"   {_against_best(results, c)}"
+        print(row)
+
+
+def _against_best(results: dict, category: str) -> str:
+    stacked = results["stacked"][category]
+    singles = [results[m][category] for m in ("dflash", "dspark")]
+    best = max(r["tokens_per_second"] for r in singles)
+    same = any(
+        r["acceptance_histogram"] == stacked["acceptance_histogram"]
+        and r["steps"] == stacked["steps"]
+        for r in singles
+    )
+    return f"{stacked['tokens_per_second'] / best:.3f}" + (" =" if same else "")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Write a drafter in its public format from bare training weights, and judge it.
 
 For weights that left a training run without its final write: a run stopped at a limit
-(its last `state.pt` checkpoint), or one on another machine whose state was too large to
+(its last `state.safetensors` checkpoint), or one on another machine whose state was too large to
 bring back (scripts/gpu_train_drafters.sh's fallback sends `state["net"]` alone, in bf16).
 The drafter it continues (`--like`) gives the shape, the draft vocabulary and the training
 record; the held-out τ is measured here on the same split training used.

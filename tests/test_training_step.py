@@ -57,6 +57,7 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
     import json
 
     from specgen.training.loop import TrainConfig, load_sequences, train
+    from specgen.training.state import load_state
 
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
@@ -65,7 +66,7 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
                       markov_rank=8, steps=9, warmup=2, checkpoint_every=3, lr=3e-3)  # fmt: skip
     config = read_config(tiny_qwen3_deep, "t")
     whole = train(target, config, data, cfg, tmp_path / "whole")
-    assert whole["steps"] == 9 and (tmp_path / "whole" / "state.pt").is_file()
+    assert whole["steps"] == 9 and (tmp_path / "whole" / "state.safetensors").is_file()
 
     import specgen.training.loop as loop
 
@@ -87,7 +88,7 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
     stopped = load_dspark(tmp_path / "d", target=target, target_name="t", name="stopped")
     record = json.loads((tmp_path / "d" / "config.json").read_text())["specgen_training"]
     assert record == {"steps": 6, "finished": False}
-    at_six = torch.load(tmp_path / "d" / "state.pt", weights_only=True)
+    at_six = load_state(tmp_path / "d" / "state.safetensors")
     assert at_six["step"] == 6
     assert torch.equal(stopped.backbone.fc, at_six["net"]["backbone.fc"].to(torch.bfloat16).float())
     more = train(target, config, data, cfg, tmp_path / "d", resume=True)
@@ -95,8 +96,8 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
     # trained through the data's head rows: the drafter drafts from those rows only
     vocab = json.loads((tmp_path / "d" / "draft_vocab.json").read_text())["token_ids"]
     assert set(vocab) == {t for s in data for t in s.ids}
-    a = torch.load(tmp_path / "whole" / "state.pt", weights_only=True)["net"]
-    b = torch.load(tmp_path / "d" / "state.pt", weights_only=True)["net"]
+    a = load_state(tmp_path / "whole" / "state.safetensors")["net"]
+    b = load_state(tmp_path / "d" / "state.safetensors")["net"]
     for name in a:  # resumed = uninterrupted, bit for bit
         assert torch.equal(a[name], b[name]), name
     pipe = base.with_spec(SpecConfig(drafter=str(tmp_path / "d"), verify_policy="full"))

@@ -63,7 +63,9 @@ def train(
     eval_minutes: Annotated[
         float, typer.Option("--eval-minutes", help="Offline τ on held-out answers this often.")
     ] = 3.0,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from DIR/state.pt.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from OUT/state.safetensors.")
+    ] = False,
     device: DeviceOpt = "auto",
     debug: DebugOpt = False,
 ) -> None:

@@ -2,9 +2,9 @@
 clipping, periodic resumable checkpoints, and the final drafter in its public format.
 
 The loop is time- or step-bounded (`minutes` / `steps`); the learning-rate schedule runs
-over that budget. `state.pt` in the output directory holds weights, optimiser, step,
-elapsed time and RNG state; `resume` continues from it (the budget then counts the time
-already spent).
+over that budget. `state.safetensors` in the output directory (`training/state.py`)
+holds weights, optimiser, step, elapsed time and RNG state; `resume` continues from it
+(the budget then counts the time already spent).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from specgen.training.checkpoint import save_drafter
 from specgen.training.evaluate import offline_acceptance
 from specgen.training.features import target_features
 from specgen.training.init import init_from_target, random_init
+from specgen.training.state import FILE as STATE_FILE
+from specgen.training.state import load_state, save_state
 from specgen.training.trainer import Prepared, Sequence, Vocab, sequence_loss, trainable
 
 
@@ -164,16 +166,16 @@ def train(
         raise ValueError("give a budget: minutes or steps")
     config = drafter_config(target_config, target.args.num_layers, cfg)
     net = new_drafter(target, config, cfg.kind, cfg.seed, cfg.init_from_target)
-    if cfg.init_from and not (resume and (out / "state.pt").is_file()):
+    state_path = out / STATE_FILE
+    if cfg.init_from and not (resume and state_path.is_file()):
         warm_start(net, target, Path(cfg.init_from))
     params = trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     curve: list[list[float]] = []  # [minutes, step, offline τ, loss]
-    state_path = out / "state.pt"
     if resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
+        state = load_state(state_path)
         net.load_state_dict(state["net"])
         opt.load_state_dict(state["opt"])
         step, spent = state["step"], state["seconds"]
@@ -246,13 +248,13 @@ def train(
         if report and step % 10 == 0:
             report({"step": step, "loss": sum(history[-10:]) / 10, "seconds": elapsed})
         if step % cfg.checkpoint_every == 0:
-            _save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
+            save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
             # and the drafter itself: a run stopped at an outer limit still leaves one
             _write_drafter(out, net, config, vocab, {"steps": step, "finished": False})
     final_loss = sum(history[-20:]) / max(len(history[-20:]), 1)
     evaluate(final_loss)
     seconds = time.perf_counter() - start
-    _save_state(state_path, net, opt, step, seconds, rng, gen, curve)
+    save_state(state_path, net, opt, step, seconds, rng, gen, curve)
     summary = {
         "config": asdict(cfg),
         "steps": step,
@@ -274,23 +276,6 @@ def _write_drafter(out: Path, net, config: dict, vocab: Vocab | None, record: di
     save_drafter(out, net, config, extra={"specgen_training": record})
     if vocab is not None:  # inference drafts from the rows training ranked
         save_draft_vocab(out, vocab.ids.tolist())
-
-
-def _save_state(path: Path, net, opt, step: int, seconds: float, rng, gen, curve) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "net": net.state_dict(),
-            "opt": opt.state_dict(),
-            "step": step,
-            "seconds": seconds,
-            "rng": rng.getstate(),
-            "gen": gen.get_state(),
-            "curve": curve,
-        },
-        tmp,
-    )
-    tmp.replace(path)
 
 
 def load_sequences(path: Path) -> list[Sequence]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,15 +26,15 @@ from specgen.models.loading import load_target, read_config
 from specgen.paths import specgen_home
 from specgen.training.checkpoint import save_drafter
 from specgen.training.evaluate import offline_acceptance
-from specgen.training.features import target_features
 from specgen.training.loop import (
     TrainConfig,
     drafter_config,
     load_sequences,
     new_drafter,
+    prepare_all,
     split_holdout,
 )
-from specgen.training.trainer import Prepared, Vocab
+from specgen.training.trainer import Vocab
 
 
 def main() -> None:
@@ -49,8 +48,8 @@ def main() -> None:
 
     before = json.loads((args.like / "training.json").read_text())
     fields = set(TrainConfig.__dataclass_fields__)
-    cfg = TrainConfig(**{k: v for k, v in before["config"].items() if k in fields})
-    cfg = TrainConfig(**{**asdict(cfg), "target_layers": tuple(cfg.target_layers)})
+    kept = {k: v for k, v in before["config"].items() if k in fields}
+    cfg = TrainConfig(**{**kept, "target_layers": tuple(kept.get("target_layers", ()))})
     resolved = resolve_model("smollm2-135m")
     target = load_target(resolved.path, dtype=torch.float32, device="cpu", name=resolved.name)
     config = drafter_config(read_config(resolved.path, resolved.name), target.args.num_layers, cfg)
@@ -59,15 +58,7 @@ def main() -> None:
     net.load_state_dict(weights)  # strict: any other shape fails here
 
     train_seqs, held_seqs = split_holdout(load_sequences(args.data), cfg.holdout_every)
-    backbone = net.backbone if cfg.kind == "dspark" else net
-    taps = tuple(backbone.args.target_layer_ids)
-    last = target.args.num_layers - 1
-    layers = tuple(sorted({*taps, last}))
-    hidden = target_features(target, resolved.name, held_seqs, layers, specgen_home() / "features")
-    held = [
-        Prepared.from_layers(s, h, taps, last if cfg.kind == "dspark" else None)
-        for s, h in zip(held_seqs, hidden, strict=True)
-    ]
+    held = prepare_all(target, net, held_seqs, resolved.name, specgen_home() / "features")
     vocab = Vocab.of(target, train_seqs)
     tau = offline_acceptance(target, net, held, vocab).tau
     record = {**before, **json.loads(args.record), "offline_tau": round(tau, 4)}

@@ -35,9 +35,7 @@ class AcceptanceTracker:
 
     def decay(self) -> None:
         """One step passes: every count fades a little."""
-        for counts in (*self.trials.values(), *self.successes.values()):
-            for i in range(len(counts)):
-                counts[i] *= DECAY
+        _fade(self.trials, self.successes)
 
     def record(self, bucket: int, verified: int, accepted: int) -> None:
         """A finished step verified `verified` drafts of `bucket`; `accepted` were accepted."""
@@ -68,9 +66,7 @@ class RealisedSteps:
     tokens: dict[int, list[float]] = field(default_factory=dict)  # committed, same index
 
     def record(self, bucket: int, verified: int, committed: int) -> None:
-        for counts in (*self.weight.values(), *self.tokens.values()):
-            for i in range(len(counts)):
-                counts[i] *= DECAY
+        _fade(self.weight, self.tokens)
         n = min(verified, self.max_length)
         self.weight.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += 1.0
         self.tokens.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += committed
@@ -85,3 +81,11 @@ class RealisedSteps:
         tokens = sum(self.tokens[bucket])
         seconds = sum(w * (draft_seconds + step_seconds[n]) for n, w in enumerate(weight))
         return tokens / seconds
+
+
+def _fade(*groups: dict[int, list[float]]) -> None:
+    """One step passes: every count in these per-bucket lists fades a little."""
+    for group in groups:
+        for counts in group.values():
+            for i in range(len(counts)):
+                counts[i] *= DECAY

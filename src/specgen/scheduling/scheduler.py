@@ -98,11 +98,11 @@ class VerifyScheduler:
         for option in options:
             seconds = self.costs.draft_seconds if option.seconds is None else option.seconds
             self._draft_seconds[option.bucket] = seconds
-            realised = self.realised.rate(option.bucket, step_seconds=steps, draft_seconds=seconds)
-            if realised is None:  # not a confidence-trimmed drafter, or too few steps yet
+            rate = self.realised.rate(option.bucket, step_seconds=steps, draft_seconds=seconds)
+            if rate is None:  # not a confidence-trimmed drafter, or too few steps yet
                 conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
-                realised = drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds)
-            rates.append(realised)
+                rate = drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds)
+            rates.append(rate)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
         if rates[best] > 1.0 / steps[0]:
             return options[best].bucket

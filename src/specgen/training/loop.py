@@ -146,6 +146,28 @@ def split_holdout(data: list[Sequence], every: int) -> tuple[list[Sequence], lis
     return [s for i, s in enumerate(data) if i not in held], [data[i] for i in sorted(held)]
 
 
+def prepare_all(
+    target: Transformer,
+    net: DFlashNet | DSparkNet,
+    data: list[Sequence],
+    target_name: str,
+    cache: Path,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> list[Prepared]:
+    """`data` with the target's states at `net`'s taps (and, for DSpark, its last layer),
+    from the features cache, on the target's device once: a GPU step then copies nothing
+    from the host (and indexes DSpark's last-layer states with device-side positions)."""
+    dspark = isinstance(net, DSparkNet)
+    taps = tuple((net.backbone if dspark else net).args.target_layer_ids)
+    last = target.args.num_layers - 1
+    layers = tuple(sorted({*taps, last})) if dspark else taps
+    hidden = target_features(target, target_name, data, layers, cache, report)
+    return [
+        Prepared.from_layers(seq, h, taps, last if dspark else None).to(target.device)
+        for seq, h in zip(data, hidden, strict=True)
+    ]
+
+
 def train(
     target: Transformer,
     target_config: dict[str, Any],
@@ -183,19 +205,9 @@ def train(
         gen.set_state(state["gen"])
         curve = state.get("curve", [])
     out.mkdir(parents=True, exist_ok=True)
-    backbone = net.backbone if isinstance(net, DSparkNet) else net
-    taps = tuple(backbone.args.target_layer_ids)
-    last = target.args.num_layers - 1
-    layers = tuple(sorted({*taps, last})) if cfg.kind == "dspark" else taps
-    hidden = target_features(
-        target, target_name, data, layers, features_cache or out / "features", report
+    prepared_all = prepare_all(
+        target, net, data, target_name, features_cache or out / "features", report
     )
-    # on the target's device once: a GPU step then copies nothing from the host (and
-    # indexes DSpark's last-layer states with device-side positions)
-    prepared_all = [
-        Prepared.from_layers(seq, h, taps, last if cfg.kind == "dspark" else None).to(target.device)
-        for seq, h in zip(data, hidden, strict=True)
-    ]
     train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
     train_seqs = train_seqs[: cfg.train_sequences]
     train_ids, held_ids = {id(s) for s in train_seqs}, {id(s) for s in held_seqs}

@@ -274,3 +274,57 @@ def test_a_renewed_session_behaves_as_a_new_one(tiny_qwen3_deep, tiny_dflash):
     ]
     sessions = _FreshSessions()
     assert sessions(pipe) is not sessions(pipe)  # on the CPU: a new session every run
+
+
+def test_modeled_time_prices_each_step_from_the_cost_table():
+    from specgen.bench.modeled import Prices, modeled
+    from specgen.scheduling.cost import CostTable
+
+    costs = CostTable(contexts=(100, 300), seconds=((1.0, 1.5, 2.0), (3.0, 3.5, 4.0)))
+    prices = Prices(costs, {"dflash": 0.25, "dspark": 0.5})
+    steps = [
+        (100, None, 0, 1),  # a plain decoding step: the forward over 1 token
+        (200, "dflash", 2, 3),  # halfway: forward over 3 tokens 3.0, plus the draft
+        (300, "dspark", 0, 1),  # drafted, its confidences verified nothing: still paid
+    ]
+    tokens, seconds = modeled(steps, prices)
+    assert tokens == 5 and seconds == pytest.approx(1.0 + (3.0 + 0.25) + (3.0 + 0.5))
+    assert modeled([(100, "ngram", 1, 2)], prices) is None  # no price for this drafter
+    assert modeled([(100, None, 3, 4)], prices) is None  # longer than the table
+
+
+def test_modeled_speedup_is_reported_next_to_the_measured_one():
+    ar, fast = _run("ar", "qa", 0, 10, 1.0), _run("ngram", "qa", 0, 10, 1.2, 3, 4)
+    ar.modeled, fast.modeled = (9, 0.9), (9, 0.6)
+    summary = summarize(BenchRun(runs=[ar, fast]), {"model": "m", "suite": "s"})
+    qa = summary["results"]["ngram"]["qa"]
+    assert qa["modeled_tokens_per_second"] == 15.0 and qa["modeled_speedup"] == 1.5
+    assert qa["speedup"] == pytest.approx(1 / 1.2, abs=1e-3)  # measured: its own column
+    console = Console(file=io.StringIO(), width=140, record=True)
+    console.print(results_table(summary))
+    assert "1.500x" in console.export_text()
+    bare = summarize(BenchRun(runs=[_run("ar", "qa", 0, 10, 1.0)]), {})
+    assert bare["results"]["ar"]["qa"]["modeled_speedup"] is None  # nothing priced it
+
+
+def test_each_decoding_step_is_recorded_for_pricing(tiny_llama):
+    from specgen.bench.modeled import Prices, modeled
+    from specgen.scheduling.cost import CostTable
+
+    ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
+    ngram = ar.with_spec(SpecConfig(method="ngram", verify_policy="full"))
+    prompt = "a b c a b c a b c a b c"
+    ids = ngram.encode(prompt)
+    stats = ngram.generate(prompt, max_new_tokens=16, session=ngram.new_session()).stats
+    shapes = stats.shapes
+    assert len(shapes) == stats.steps - 1  # every step but the prefill's
+    assert any(s[1] == "ngram" for s in shapes) and any(s[1] is None for s in shapes)
+    assert sum(s[3] for s in shapes) == stats.new_tokens - 1
+    context = len(ids)  # the anchor (the prefill's token) is not in the cache yet
+    for got, drafter, verify, committed in shapes:
+        assert got == context and drafter in (None, "ngram")
+        assert verify == 0 or drafter == "ngram"
+        context += committed
+    flat = CostTable(contexts=(1,), seconds=((1.0,) * 16,))
+    tokens, seconds = modeled(shapes, Prices(flat, {"ngram": 0.0}))
+    assert tokens == stats.new_tokens - 1 and seconds == len(shapes)

@@ -364,6 +364,7 @@ class Pipeline:
             events = compute.iterate(make_events)
         try:
             for event in events:
+                context = len(prompt_ids) + len(output) - 1  # the cache, the anchor not yet in
                 output.extend(event.tokens)
                 stats.record_step(
                     len(event.tokens),
@@ -373,6 +374,9 @@ class Pipeline:
                     event.confidence,
                     event.drafter,
                 )
+                if stats.steps > 1:  # the first event is the prefill's
+                    drafter = (event.drafter or self.spec.method) if event.proposal else None
+                    stats.shapes.append((context, drafter, event.drafted, len(event.tokens)))
                 if stats.trace is not None:
                     stats.trace.append(self._trace_record(event))
                 # accepted drafts first, then the target's own token: views colour them apart

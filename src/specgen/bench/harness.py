@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.bench.modeled import modeled, prices_of
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
@@ -42,6 +43,8 @@ class PromptRun:
     seconds: float  # median over repeats, prefill included
     ttft_seconds: float  # median over repeats
     stats: GenStats  # counters of the first repeat (identical across greedy repeats)
+    modeled: tuple[int, float] | None = None  # (tokens, seconds) after the prefill, priced
+    # by the bench's cost table (bench/modeled.py); None where nothing could price it
 
 
 @dataclass
@@ -82,6 +85,7 @@ def run_bench(
     ar = pipes["ar"]
     assert isinstance(ar, Pipeline)
     fresh = _FreshSessions()
+    prices = prices_of(pipes)
     for name in names:  # warm-up: first-call allocations, kernel selection, caches
         pipe = pipes[name]
         if isinstance(pipe, TransformersBaseline):
@@ -96,6 +100,8 @@ def run_bench(
             run = _run_one(
                 pipes[name], name, prompt, i, ids[i], max_new_tokens, sampling, repeats, fresh
             )
+            if prices is not None and run.stats.shapes:
+                run.modeled = modeled(run.stats.shapes, prices)
             result.runs.append(run)
             answers[name] = run.tokens
             result.memory_bytes[name] = max(result.memory_bytes.get(name, 0), _memory(pipes[name]))

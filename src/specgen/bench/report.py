@@ -5,6 +5,9 @@ Per method and category (and "all"): tokens/s = new tokens / seconds summed over
 prompts, τ = (accepted drafts + steps) / steps (the bonus counts, so AR = 1.00),
 acceptance per draft position, a histogram of tokens committed per step (accepted + 1),
 mean verify length (drafts verified per target forward) and mean time to first token.
+Where the bench could price every step from its cost table (bench/modeled.py), also the
+modeled tokens/s after the prefill and its speedup over AR's: the same on every rerun, so
+it separates two schedulers' decisions where the measured speedups are within the noise.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
         str(k + 1): at_least[k] - (at_least[k + 1] if k + 1 < len(at_least) else 0)
         for k in range(len(at_least))
     }
+    modeled = [r.modeled for r in runs]
+    modeled_rate = None
+    if runs and all(m is not None and m[1] > 0 for m in modeled):
+        modeled_rate = round(sum(m[0] for m in modeled) / sum(m[1] for m in modeled), 3)
     return {
         "prompts": len(runs),
         "new_tokens": tokens,
@@ -46,6 +53,7 @@ def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
         ],
         "acceptance_histogram": {k: v for k, v in histogram.items() if v},
         "ttft_seconds": round(sum(r.ttft_seconds for r in runs) / len(runs), 4) if runs else 0.0,
+        "modeled_tokens_per_second": modeled_rate,
     }
 
 
@@ -67,6 +75,11 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
         for c, row in results[m].items():
             base = results["ar"][c]["tokens_per_second"]
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
+            rate, base = (
+                row["modeled_tokens_per_second"],
+                results["ar"][c]["modeled_tokens_per_second"],
+            )
+            row["modeled_speedup"] = round(rate / base, 4) if rate and base else None
     lossless = None
     if run.compared:
         lossless = {
@@ -105,7 +118,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         f"T={summary.get('temperature')} · τ includes the bonus token"
     )
     table = Table(title=title, title_justify="left")
-    for column in ("method", "category", "tok/s", "speedup", "τ", "verify", "TTFT s"):
+    for column in ("method", "category", "tok/s", "speedup", "modeled", "τ", "verify", "TTFT s"):
         left = column in ("method", "category")
         table.add_column(column, justify="left" if left else "right", no_wrap=left)
     table.add_column("= AR", justify="right")
@@ -122,6 +135,7 @@ def results_table(summary: dict[str, Any]) -> Table:
                 c,
                 f"{row['tokens_per_second']:.1f}",
                 f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-",
+                f"{row['modeled_speedup']:.3f}x" if row.get("modeled_speedup") else "-",
                 f"{row['tau']:.2f}",
                 f"{row['mean_verify_length']:.2f}",
                 f"{row['ttft_seconds']:.2f}",

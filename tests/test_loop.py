@@ -164,7 +164,7 @@ class HopelessDrafter:
 
 def test_a_skipping_loop_probes_at_the_scheduler_pace(model):
     """The loop's skipped steps leave the estimates and the run of skips alone, so a
-    drafter that never pays is probed 4, 8, 16, 32, 32 ... steps apart, not on a timer."""
+    drafter that never pays is probed 4, 8, 16, 32, 64 ... steps apart, not on a timer."""
     costs = CostTable(contexts=(16,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
     scheduler = VerifyScheduler(VerifyPolicy(), costs)
     free = _ar(model, 160, capacity=256)
@@ -174,7 +174,7 @@ def test_a_skipping_loop_probes_at_the_scheduler_pace(model):
     probes = [i for i, e in enumerate(events) if e.drafted]
     assert all(events[i].drafted == PROBE_LENGTH for i in probes)
     gaps = [b - a - 1 for a, b in zip(probes[:-1], probes[1:], strict=True)]
-    assert probes[0] == 1 + PROBE_AFTER[0] and gaps[:4] == [8, 16, 32, 32], (probes, gaps)
+    assert probes[0] == 1 + PROBE_AFTER and gaps[:4] == [8, 16, 32, 64], (probes, gaps)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -141,7 +141,12 @@ def test_a_skipping_scheduler_probes_with_a_growing_interval():
     from specgen.drafting.base import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.policy import VerifyPolicy
-    from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
+    from specgen.scheduling.scheduler import (
+        PROBE_AFTER,
+        PROBE_BUDGET,
+        PROBE_LENGTH,
+        VerifyScheduler,
+    )
 
     one = (DraftOption(),)
     cheap = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
@@ -159,16 +164,26 @@ def test_a_skipping_scheduler_probes_with_a_growing_interval():
             count += 1
         return count
 
-    assert skips_before_a_probe() == PROBE_AFTER[0]
+    assert skips_before_a_probe() == PROBE_AFTER
     probe = scheduler.trim(Draft(tokens=torch.zeros(1, 7, dtype=torch.long)), 100)
     assert probe.length == PROBE_LENGTH  # verified whatever the estimates say
     scheduler.record(probe, accepted=0)  # a failed probe: the next one comes later
-    assert skips_before_a_probe() == 2 * PROBE_AFTER[0]
+    assert skips_before_a_probe() == 2 * PROBE_AFTER
+    scheduler.record(scheduler.trim(draft, 100), accepted=1)  # drafts accepted, yet not
+    assert skips_before_a_probe() == 2 * PROBE_AFTER  # paying: probes keep their pace
     scheduler.record(scheduler.trim(draft, 100), accepted=0)
     for _ in range(6):
         gap = skips_before_a_probe()
         scheduler.record(scheduler.trim(draft, 100), accepted=0)
-    assert gap == PROBE_AFTER[1]  # capped
+    # capped where a probe's extra cost (draft + 4-token forward - 1-token forward) is
+    # PROBE_BUDGET of the plain steps between probes
+    assert gap == round((0.5 + 2.4 - 1.0) / (PROBE_BUDGET * 1.0)) == 95
+    for _ in range(40):  # drafts that pay: on merit, and the probes' pace starts over
+        scheduler.record(Draft(tokens=torch.zeros(1, 3, dtype=torch.long)), accepted=3)
+    assert scheduler.pick(one, 100) == 0 and not scheduler.trim(draft, 100).probe
+    for _ in range(40):
+        scheduler.record(scheduler.trim(draft, 100), accepted=0)
+    assert skips_before_a_probe() == PROBE_AFTER
     assert not VerifyScheduler(VerifyPolicy.parse("full")).prices_drafts  # only cost skips
 
 

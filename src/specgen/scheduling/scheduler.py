@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,8 +20,9 @@ from specgen.scheduling.verify_length import (
 )
 
 DEFAULT_POSITIONS = 16  # acceptance positions tracked when no cost table bounds them
-PROBE_AFTER = (4, 32)  # skipped steps before a probe draft: first, and at most (doubling)
+PROBE_AFTER = 4  # skipped steps before the first probe draft (then doubling, see `pick`)
 PROBE_LENGTH = 3  # drafts a probe verifies, whatever the estimates say
+PROBE_BUDGET = 0.02  # probes that teach nothing new cost at most this share of decoding
 
 
 class VerifyScheduler:
@@ -35,8 +37,9 @@ class VerifyScheduler:
         # confidence-trimmed drafters: their steps as verified (see RealisedSteps)
         self.realised = RealisedSteps(costs.max_drafts if costs else DEFAULT_POSITIONS)
         self._skips = 0  # consecutive skipped drafts
-        self._probe_after = PROBE_AFTER[0]
+        self._probe_after = PROBE_AFTER
         self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
+        self._probe_cap = PROBE_AFTER  # the longest run between probes (set by `pick`)
         self._probes_out = 0  # probes trimmed but not yet recorded (the resident loop lags)
         self._draft_seconds: dict[int, float] = {}  # per bucket, from the options seen
 
@@ -90,8 +93,14 @@ class VerifyScheduler:
         what to draft never depends on the tokens being judged.
 
         A skipped step teaches nothing about acceptance, so after a run of skips one probe
-        draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens); the
-        run before the next probe doubles while probes fail, up to `PROBE_AFTER[1]`."""
+        draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens). The
+        run before the next probe doubles after a probe with nothing accepted and keeps its
+        length after one with drafts accepted that still left drafting not worth it (near
+        the break-even point probes are worth their cost; far below it they are not), up to
+        the run at which a probe's extra cost over a plain step is `PROBE_BUDGET` of the
+        steps between probes; it is back to `PROBE_AFTER` once the estimates say drafting
+        pays. On a CPU where a probe costs 0.9 of a decoding step that is one probe per ~45
+        plain steps; where verifying is nearly free (a GPU), one per few."""
         assert self.costs is not None and options
         steps = self.costs.step_seconds(context)
         rates = []
@@ -105,8 +114,12 @@ class VerifyScheduler:
             rates.append(rate)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
         if rates[best] > 1.0 / steps[0]:
+            self._probe_after = PROBE_AFTER
             return options[best].bucket
-        if self._skips < self._probe_after or self._probes_out:
+        probe_extra = self._draft_seconds[options[best].bucket] - steps[0]
+        probe_extra += steps[min(PROBE_LENGTH, len(steps) - 1)]
+        self._probe_cap = max(PROBE_AFTER, math.ceil(probe_extra / (PROBE_BUDGET * steps[0])))
+        if self._skips < min(self._probe_after, self._probe_cap) or self._probes_out:
             return None  # (one probe at a time: the resident loop records a step late)
         self._probe_next = True
         return options[best].bucket
@@ -148,10 +161,8 @@ class VerifyScheduler:
         self.tracker.record(draft.bucket, verified, accepted)
         if draft.confidence is not None and proposed is not None:  # probes too: they
             self.realised.record(draft.bucket, draft.length, accepted + 1)  # are its steps
-        if draft.probe:
-            failed = accepted == 0
-            self._probe_after = (
-                min(2 * self._probe_after, PROBE_AFTER[1]) if failed else PROBE_AFTER[0]
-            )
+        if draft.probe:  # paced as `pick` says
+            if accepted == 0:
+                self._probe_after = min(2 * self._probe_after, self._probe_cap)
             self._probes_out -= 1
         self._skips = 0

@@ -143,6 +143,22 @@ def test_greedy_markov_draw_matches_the_oracle_slot_by_slot(target, variants, na
         torch.testing.assert_close(draft.confidence[0].double(), conf.sigmoid(), atol=1e-5, rtol=0)
 
 
+def test_kept_markov_rows_follow_the_ids_and_the_weights(target, variants):
+    net = load_dspark(variants["vanilla"], target=target, target_name="tiny", name="vanilla")
+    ids = torch.tensor([1, 4, 9])
+    with torch.inference_mode():
+        first = net.markov_rows(ids)
+        assert net.markov_rows(ids) is first  # kept: no gather per slot
+        torch.testing.assert_close(first, net.markov_w2[ids], rtol=0, atol=0)
+        other = torch.tensor([1, 4, 10])  # other ids, even of the same length
+        torch.testing.assert_close(net.markov_rows(other), net.markov_w2[other], rtol=0, atol=0)
+    with torch.no_grad():
+        net.markov_w2.add_(1.0)  # weights changed in place (say, by training)
+    with torch.inference_mode():
+        torch.testing.assert_close(net.markov_rows(ids), net.markov_w2[ids], rtol=0, atol=0)
+    assert net.markov_rows(ids).requires_grad or not net.markov_w2.requires_grad  # autograd
+
+
 @pytest.mark.parametrize("name", ["vanilla", "gated", "rnn"])
 def test_sampled_markov_draw_reports_the_distribution_it_drew_from(target, variants, name):
     net = load_dspark(variants[name], target=target, target_name="tiny", name=name)

@@ -126,7 +126,7 @@ def _temperature_only(params: SamplingParams, width: int) -> bool:
 def _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise) -> Draft:
     from specgen.kernels.markov import markov_greedy_triton, markov_sample_triton
 
-    w2 = net.markov_w2 if vocab is None else net.markov_w2[vocab.ids]
+    w2 = net.markov_rows(None if vocab is None else vocab.ids)
     conf_w = net.conf_w if net.args.confidence else None
     conf_b = net.conf_b if net.args.confidence else None
     ids = None if vocab is None else vocab.ids

@@ -146,8 +146,9 @@ def _write_json(path, record: dict) -> None:
 
 # Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
 # (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
-# draw spread over the GPU, eager CUDA attention without cuDNN).
-KERNELS_REVISION = 3
+# draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
+# its draft vocabulary gathered once, not per slot).
+KERNELS_REVISION = 4
 
 
 def cached_costs(

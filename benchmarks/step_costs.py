@@ -87,7 +87,7 @@ def main() -> None:
         "ngram": NgramMethod(10, pipe.model.device),
     }
     draft = {
-        name: {c: measure_draft_seconds(m, pipe.model, context=c) for c in contexts}
+        name: {c: measure_draft_seconds(m, pipe.model, context=c)[-1] for c in contexts}
         for name, m in drafters.items()
     }
     threads = torch.get_num_threads()

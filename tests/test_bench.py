@@ -281,16 +281,18 @@ def test_modeled_time_prices_each_step_from_the_cost_table():
     from specgen.scheduling.cost import CostTable
 
     costs = CostTable(contexts=(100, 300), seconds=((1.0, 1.5, 2.0), (3.0, 3.5, 4.0)))
-    prices = Prices(costs, {"dflash": 0.25, "dspark": 0.5})
+    prices = Prices(costs, {"dflash": (0.1, 0.25), "dspark": (0.5,)})
     steps = [
-        (100, None, 0, 1),  # a plain decoding step: the forward over 1 token
-        (200, "dflash", 2, 3),  # halfway: forward over 3 tokens 3.0, plus the draft
-        (300, "dspark", 0, 1),  # drafted, its confidences verified nothing: still paid
+        (100, None, 0, 0, 1),  # a plain decoding step: the forward over 1 token
+        (200, "dflash", 2, 2, 3),  # halfway: forward over 3 tokens 3.0, 2 tokens drafted
+        (200, "dflash", 1, 1, 1),  # 1 token drafted: its own, lower, draft time
+        (300, "dspark", 7, 0, 1),  # drafted, its confidences verified nothing: still paid
     ]
     tokens, seconds = modeled(steps, prices)
-    assert tokens == 5 and seconds == pytest.approx(1.0 + (3.0 + 0.25) + (3.0 + 0.5))
-    assert modeled([(100, "ngram", 1, 2)], prices) is None  # no price for this drafter
-    assert modeled([(100, None, 3, 4)], prices) is None  # longer than the table
+    assert tokens == 6
+    assert seconds == pytest.approx(1.0 + (3.0 + 0.25) + (2.5 + 0.1) + (3.0 + 0.5))
+    assert modeled([(100, "ngram", 1, 1, 2)], prices) is None  # no price for this drafter
+    assert modeled([(100, None, 0, 3, 4)], prices) is None  # longer than the table
 
 
 def test_modeled_speedup_is_reported_next_to_the_measured_one():
@@ -319,12 +321,12 @@ def test_each_decoding_step_is_recorded_for_pricing(tiny_llama):
     shapes = stats.shapes
     assert len(shapes) == stats.steps - 1  # every step but the prefill's
     assert any(s[1] == "ngram" for s in shapes) and any(s[1] is None for s in shapes)
-    assert sum(s[3] for s in shapes) == stats.new_tokens - 1
+    assert sum(s[4] for s in shapes) == stats.new_tokens - 1
     context = len(ids)  # the anchor (the prefill's token) is not in the cache yet
-    for got, drafter, verify, committed in shapes:
+    for got, drafter, drafted, verify, committed in shapes:
         assert got == context and drafter in (None, "ngram")
-        assert verify == 0 or drafter == "ngram"
+        assert (drafter is None) == (drafted == 0) and verify <= drafted
         context += committed
     flat = CostTable(contexts=(1,), seconds=((1.0,) * 16,))
-    tokens, seconds = modeled(shapes, Prices(flat, {"ngram": 0.0}))
+    tokens, seconds = modeled(shapes, Prices(flat, {"ngram": (0.0,)}))
     assert tokens == stats.new_tokens - 1 and seconds == len(shapes)

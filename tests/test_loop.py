@@ -215,3 +215,32 @@ def test_ngram_drafter_in_the_loop_reports_drafts(model):
     )
     assert sum(e.drafted for e in events) > 0
     assert all(0 <= e.accepted <= e.drafted <= 6 for e in events)
+
+
+class PricedWrongDrafter(WrongDrafter):
+    """WrongDrafter offering itself to the cost scheduler, with a draft time that grows with
+    the tokens it drafts, and counting the tokens it was asked for."""
+
+    def __init__(self, model, k, by_length):
+        super().__init__(model, k)
+        self.options = (DraftOption(seconds=by_length[-1], by_length=by_length),)
+        self.asked: list[int] = []
+
+    def propose(self, anchor, max_tokens, params=None, generator=None):
+        self.asked.append(max_tokens)
+        return super().propose(anchor, max_tokens, params, generator)
+
+
+def test_a_drafter_without_confidences_drafts_only_what_is_verified(model):
+    """Its verify length is settled before drafting, so it is asked for exactly that many
+    tokens (the scheduler priced each length with its own draft time), and every one of
+    them is verified; the output is still AR's."""
+    costs = CostTable(contexts=(16,), seconds=((1.0, 1.05, 1.1, 1.15, 1.2),), draft_seconds=0.4)
+    scheduler = VerifyScheduler(VerifyPolicy(), costs)
+    drafter = PricedWrongDrafter(model, 4, (0.1, 0.2, 0.3, 0.4))
+    tokens, events, _ = _spec(model, drafter, 40, scheduler=scheduler)
+    assert tokens == _ar(model, 40)
+    drafted = [e for e in events if e.proposal]
+    assert drafted and all(len(e.proposal) == e.drafted for e in drafted)
+    assert sorted(set(drafter.asked)) != [4]  # not always the whole block
+    assert [len(e.proposal) for e in drafted] == [k for k in drafter.asked if k]

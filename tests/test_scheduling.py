@@ -289,7 +289,7 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
     from specgen.scheduling.scheduler import VerifyScheduler
 
     costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.8),), draft_seconds=0.5)
-    options = (DraftOption(0), DraftOption(1))
+    options = (DraftOption(0), DraftOption(1, confidences=True))
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     tokens = torch.zeros(1, 3, dtype=torch.long)
     sure = Draft(tokens=tokens, confidence=torch.full((1, 3), 0.99), bucket=1)
@@ -323,4 +323,46 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     for _ in range(10):
         scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
-    assert scheduler.pick((DraftOption(1),), 100) is None
+    assert scheduler.pick((DraftOption(1, confidences=True),), 100) is None
+
+
+def test_draft_length_is_settled_before_drafting_from_per_length_costs():
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import PROBE_LENGTH, VerifyScheduler
+    from specgen.scheduling.verify_length import best_draft, best_verify_length
+
+    steps = (1.0, 1.2, 1.6, 1.5)  # (as on this CPU: verifying 3 costs less than 2)
+    rates = [0.8, 0.5, 0.9]
+    # one draft time for every length: the longest draft is best (2.62 tokens / 2.0 s)
+    assert best_draft(rates, step_seconds=steps, draft_seconds=0.5).length == 3
+    # a drafter whose time grows with the tokens it drafts: 1.8 / 1.4 beats 2.62 / 2.4
+    plan = best_draft(rates, step_seconds=steps, draft_seconds=(0.2, 0.5, 0.9))
+    assert plan.length == 1 and plan.expected_rate == pytest.approx(1.8 / 1.4)
+    # after drafting, estimates from earlier steps may take the best length over all of
+    # them: 3 here, where the slot-by-slot rule stops at 2 (it does not pay) and verifies 1
+    assert best_verify_length(rates, step_seconds=steps, draft_seconds=0.5).length == 3
+    assert best_verify_length([0.1], step_seconds=steps, draft_seconds=0.5).length == 0
+
+    costs = CostTable(contexts=(100,), seconds=(steps,), draft_seconds=0.9,
+                      draft_by_length=(0.2, 0.5, 0.9))  # fmt: skip
+    assert costs.draft_cost(1) == 0.2 and costs.draft_cost(9) == costs.draft_cost(0) == 0.9
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    for _ in range(30):  # first drafts mostly accepted, later ones rarely
+        scheduler.record(Draft(tokens=torch.zeros(1, 3, dtype=torch.long)), accepted=1)
+    plain, confident = DraftOption(0), DraftOption(0, confidences=True)
+    assert scheduler.pick((plain,), 100) == 0 and scheduler.draft_length(7) == 1
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    for _ in range(30):  # every draft accepted: the longest draft pays best
+        scheduler.record(Draft(tokens=torch.zeros(1, 3, dtype=torch.long)), accepted=3)
+    assert scheduler.pick((plain,), 100) == 0 and scheduler.draft_length(7) == 3
+    # confidences arrive with the draft and trim it: it drafts all it may
+    assert scheduler.pick((confident,), 100) == 0 and scheduler.draft_length(7) == 7
+    # a probe drafts what it verifies
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    for _ in range(30):
+        scheduler.record(Draft(tokens=torch.zeros(1, 3, dtype=torch.long)), accepted=0)
+    while scheduler.pick((plain,), 100) is None:
+        scheduler.skipped()
+    assert scheduler.draft_length(7) == PROBE_LENGTH

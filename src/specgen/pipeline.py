@@ -376,7 +376,8 @@ class Pipeline:
                 )
                 if stats.steps > 1:  # the first event is the prefill's
                     drafter = (event.drafter or self.spec.method) if event.proposal else None
-                    stats.shapes.append((context, drafter, event.drafted, len(event.tokens)))
+                    shape = (context, drafter, len(event.proposal), event.drafted)
+                    stats.shapes.append((*shape, len(event.tokens)))
                 if stats.trace is not None:
                     stats.trace.append(self._trace_record(event))
                 # accepted drafts first, then the target's own token: views colour them apart

@@ -30,8 +30,9 @@ class GenStats:
     finish_reason: str | None = None
     trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
     # each decoding step after the prefill: (tokens of context before it, the drafter that
-    # drafted it or None, its verify length, tokens it committed); bench/modeled.py prices it
-    shapes: list[tuple[int, str | None, int, int]] = field(default_factory=list, repr=False)
+    # drafted it or None, tokens drafted, its verify length, tokens it committed), which
+    # bench/modeled.py prices
+    shapes: list[tuple[int, str | None, int, int, int]] = field(default_factory=list, repr=False)
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
     def record_step(

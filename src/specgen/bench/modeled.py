@@ -6,8 +6,8 @@ methods that decide from the same measured costs differ only in what they decide
 drafter drafts, how many drafts are verified, when nothing is drafted. Pricing every
 decoding step after the prefill (the prefill is the same for every method) at
 
-    its drafter's draft time + the target's forward over 1 + verify length tokens,
-    at the step's context length
+    its drafter's time to draft that many tokens + the target's forward over
+    1 + verify length tokens, at the step's context length
 
 from one price list for all methods turns those decisions into a time that is the same
 on every rerun, so schedulers can be compared to a fraction of a percent. It is what the
@@ -21,15 +21,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.scheduling.cost import CostTable
+from specgen.scheduling.cost import CostTable, draft_time
 
-Shape = tuple[int, str | None, int, int]  # GenStats.shapes: context, drafter, verify, committed
+# GenStats.shapes: context, drafter, tokens drafted, verify length, tokens committed
+Shape = tuple[int, str | None, int, int, int]
 
 
 @dataclass(frozen=True)
 class Prices:
     costs: CostTable  # the target's forwards
-    draft_seconds: Mapping[str, float]  # a draft step, per drafter name
+    # per drafter name: drafting k tokens at [k - 1] (one number: any k)
+    draft_seconds: Mapping[str, tuple[float, ...]]
 
 
 def prices_of(pipes: Mapping[str, Any]) -> Prices | None:
@@ -37,7 +39,7 @@ def prices_of(pipes: Mapping[str, Any]) -> Prices | None:
     target's forwards, and for each drafter the draft time of the first pipeline that
     mounts it (stacked mounts two). None when no pipeline has a cost table."""
     costs: CostTable | None = None
-    drafts: dict[str, float] = {}
+    drafts: dict[str, tuple[float, ...]] = {}
     for pipe in pipes.values():
         table = getattr(pipe, "costs", None)
         if table is None:
@@ -46,10 +48,12 @@ def prices_of(pipes: Mapping[str, Any]) -> Prices | None:
         method = pipe.method
         names = getattr(method, "names", None)  # several drafters, each with its own time
         if names is not None:
-            for name, seconds in zip(names, method.draft_seconds, strict=True):
-                drafts.setdefault(name, seconds)
+            for name, full, by_length in zip(
+                names, method.draft_seconds, method.draft_by_length, strict=True
+            ):
+                drafts.setdefault(name, by_length or (full,))
         else:
-            drafts.setdefault(pipe.spec.method, table.draft_seconds)
+            drafts.setdefault(pipe.spec.method, table.draft_by_length or (table.draft_seconds,))
     return None if costs is None else Prices(costs, drafts)
 
 
@@ -57,7 +61,7 @@ def modeled(shapes: Sequence[Shape], prices: Prices) -> tuple[int, float] | None
     """(tokens committed, modeled seconds) over these steps; None when a step cannot be
     priced (a drafter without a measured time, or a verify longer than the table)."""
     tokens, seconds = 0, 0.0
-    for context, drafter, verify, committed in shapes:
+    for context, drafter, drafted, verify, committed in shapes:
         row = prices.costs.step_seconds(context)
         if verify >= len(row):
             return None
@@ -65,6 +69,7 @@ def modeled(shapes: Sequence[Shape], prices: Prices) -> tuple[int, float] | None
         if drafter is not None:
             if drafter not in prices.draft_seconds:
                 return None
-            seconds += prices.draft_seconds[drafter]
+            by_length = prices.draft_seconds[drafter]
+            seconds += draft_time(by_length[-1], by_length, drafted)
         tokens += committed
     return tokens, seconds

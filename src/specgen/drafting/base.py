@@ -66,11 +66,16 @@ class Draft:
 
 @dataclass(frozen=True)
 class DraftOption:
-    """A kind of draft a drafter can make: the bucket its drafts are tracked in, and its
-    time per step (None: the cost table's, measured for the drafter as a whole)."""
+    """A kind of draft a drafter can make: the bucket its drafts are tracked in, its time per
+    step (None: the cost table's, measured for the drafter as a whole) and per draft length,
+    and whether its drafts carry confidences that decide their verify length (then it
+    drafts as long as it may; otherwise the scheduler settles the length before drafting
+    and it drafts only that)."""
 
     bucket: int = 0
-    seconds: float | None = None
+    seconds: float | None = None  # drafting its longest draft
+    by_length: tuple[float, ...] = ()  # [k - 1]: drafting k tokens (empty: the table's)
+    confidences: bool = False
 
 
 class Drafter(Protocol):

@@ -203,13 +203,14 @@ class DSparkMethod:
 
 
 class DSparkDrafter(BlockDrafter):
-    # one kind of draft. Its confidences come only with the draft, which costs a drafter
-    # forward; whether to draft at all is judged from earlier steps' acceptance instead.
-    options = (DraftOption(),)
-
     def __init__(self, method: DSparkMethod, capacity: int) -> None:
         self.method = method
         self.net, self.target = method.net, method.target
+        # one kind of draft. Its confidences come only with the draft, which costs a drafter
+        # forward; whether to draft at all is judged from earlier steps' acceptance instead,
+        # and the confidences then trim the draft (a checkpoint without a confidence head
+        # has its length settled before drafting, as DFlash)
+        self.options = (DraftOption(confidences=bool(self.net.args.confidence)),)
         self.max_draft_tokens = method.max_draft_tokens
         self.taps = self.net.args.backbone.target_layer_ids
         self.backbone = self.net.backbone

@@ -63,10 +63,12 @@ class StackedMethod:
         methods: Sequence[DraftMethod],
         draft_seconds: Sequence[float],
         step_seconds: Sequence[float],
+        draft_by_length: Sequence[tuple[float, ...]] = (),
     ) -> None:
         self.names = tuple(names)
         self.methods = tuple(methods)
-        self.draft_seconds = tuple(draft_seconds)
+        self.draft_seconds = tuple(draft_seconds)  # each drafter's longest draft
+        self.draft_by_length = tuple(draft_by_length) or ((),) * len(self.methods)
         self.step_seconds = tuple(step_seconds)
         self.max_draft_tokens = max(m.max_draft_tokens for m in methods)
 
@@ -112,7 +114,8 @@ class StackedMethod:
             for k, d, m in zip(kinds, dirs, methods, strict=True)
         ]
         steps = tables[0].step_seconds(tables[0].contexts[0])
-        return cls(kinds, methods, [t.draft_seconds for t in tables], steps)
+        seconds = [t.draft_seconds for t in tables]
+        return cls(kinds, methods, seconds, steps, [t.draft_by_length for t in tables])
 
     def new_drafter(self, capacity: int) -> StackedDrafter:
         return StackedDrafter(self, capacity)
@@ -130,7 +133,15 @@ class StackedDrafter:
         self._selected: int | None = None  # picked by the scheduler for the next draft
         self._in_flight: deque[tuple[int, int]] = deque()  # the resident loop's pendings
         self.options = tuple(
-            DraftOption(bucket=i, seconds=s) for i, s in enumerate(method.draft_seconds)
+            DraftOption(
+                bucket=i,
+                seconds=seconds,
+                by_length=by_length,
+                confidences=any(o.confidences for o in getattr(d, "options", ())),
+            )
+            for i, (d, seconds, by_length) in enumerate(
+                zip(self.drafters, method.draft_seconds, method.draft_by_length, strict=True)
+            )
         )
 
     def forget(self) -> None:

@@ -74,7 +74,8 @@ def prefill(
 
 def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, context: int) -> int:
     """The drafts this step may have: `room`, or 0 when the cost scheduler expects no draft
-    to pay (a plain decoding step); where the drafter offers several kinds of draft, the
+    to pay (a plain decoding step), or the length it settled before drafting
+    (`VerifyScheduler.draft_length`); where the drafter offers several kinds of draft, the
     scheduler's pick is passed on (`select`)."""
     options = getattr(drafter, "options", ())
     if room <= 0 or not options or scheduler is None or not scheduler.prices_drafts:
@@ -85,7 +86,7 @@ def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, c
         return 0
     if len(options) > 1:
         drafter.select(bucket)
-    return room
+    return scheduler.draft_length(room)
 
 
 @torch.inference_mode()

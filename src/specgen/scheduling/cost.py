@@ -1,10 +1,12 @@
 """Measured step costs: how long the target takes to verify n draft tokens (n = 0..k), and
-how long the drafter takes to propose a block.
+how long the drafter takes to propose k tokens (k = 1..its longest draft: a block drafter
+runs its backbone over the whole block either way, but computes LM-head rows, and DSpark
+Markov draws, only for the tokens it returns).
 
 Costs depend on the context length too (attention over the cache grows with it, faster
 for a multi-token block than for one token), so they are measured after two context
 lengths and interpolated linearly in between (extrapolated beyond). The drafter's time per
-step (propose, then observe a few committed tokens) is measured once per drafter. Both are
+step (observe a few committed tokens, then propose) is measured once per drafter. Both are
 profiled once per (model, drafter, dtype, device, threads, torch) and cached as JSON under
 $SPECGEN_HOME/costs/, so later runs (and seeded sampling runs, whose verify lengths depend
 on these numbers) reuse them. Timings never enter tests; they only steer the verify
@@ -16,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -35,7 +37,12 @@ PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
 class CostTable:
     contexts: tuple[int, ...]  # increasing context lengths that were measured
     seconds: tuple[tuple[float, ...], ...]  # [c][n]: a forward over n + 1 tokens at contexts[c]
-    draft_seconds: float = 0.0  # the drafter's time per step, whatever the verify length
+    draft_seconds: float = 0.0  # the drafter's time per step drafting its longest draft
+    draft_by_length: tuple[float, ...] = ()  # [k - 1]: drafting k tokens (empty: the above)
+
+    def draft_cost(self, k: int) -> float:
+        """The drafter's time to draft k tokens."""
+        return draft_time(self.draft_seconds, self.draft_by_length, k)
 
     @property
     def max_drafts(self) -> int:
@@ -51,6 +58,15 @@ class CostTable:
         (c0, c1), (s0, s1) = self.contexts[i - 1 : i + 1], self.seconds[i - 1 : i + 1]
         w = (context - c0) / (c1 - c0)
         return [max(a + w * (b - a), 1e-9) for a, b in zip(s0, s1, strict=True)]
+
+
+def draft_time(full: float, by_length: Sequence[float], k: int) -> float:
+    """A drafter's time to draft k tokens: as measured for k where it was measured per
+    length (a block drafter computes LM-head rows only for the tokens it returns), else
+    `full`, its time for its longest draft."""
+    if not by_length or k <= 0:
+        return full
+    return by_length[min(k, len(by_length)) - 1]
 
 
 def _sync(device: torch.device) -> None:
@@ -106,10 +122,11 @@ def measure_costs(
 
 def measure_draft_seconds(
     method: DraftMethod, model: Transformer, *, context: int = 128, repeats: int = 5
-) -> float:
-    """A drafter's time per step after `context` tokens: observe the anchor and two accepted
-    tokens, propose a full block (a drafter may defer its observing work to here), and roll
-    back: what a drafting step costs. Greedy."""
+) -> tuple[float, ...]:
+    """A drafter's time per step after `context` tokens, for each draft length k = 1..its
+    longest ([k - 1]): observe the anchor and two accepted tokens, propose k tokens (a
+    drafter may defer its observing work to here), and roll back: what a drafting step
+    costs. Greedy; lengths interleaved across sweeps, each keeping its fastest run."""
     from specgen.config import SamplingParams
 
     device, vocab = model.device, model.args.vocab_size
@@ -120,17 +137,19 @@ def measure_draft_seconds(
     out = model(ids, cache, taps=drafter.taps)
     drafter.observe(ids[0, :context].tolist(), {i: h[:, :context] for i, h in out.taps.items()})
     step = {i: h[:, context:] for i, h in out.taps.items()}
-    anchor, params, best = int(ids[0, context]), SamplingParams(), float("inf")
+    anchor, params = int(ids[0, context]), SamplingParams()
+    best = [float("inf")] * method.max_draft_tokens
     for attempt in range(repeats + 1):  # the first warms up
-        _sync(device)
-        start = time.perf_counter()
-        drafter.observe(ids[0, context:].tolist(), step)
-        drafter.propose(anchor, method.max_draft_tokens, params, None)
-        _sync(device)
-        if attempt:
-            best = min(best, time.perf_counter() - start)
-        drafter.rollback(context)
-    return best
+        for k in range(1, method.max_draft_tokens + 1):
+            _sync(device)
+            start = time.perf_counter()
+            drafter.observe(ids[0, context:].tolist(), step)
+            drafter.propose(anchor, k, params, None)
+            _sync(device)
+            if attempt:
+                best[k - 1] = min(best[k - 1], time.perf_counter() - start)
+            drafter.rollback(context)
+    return tuple(best)
 
 
 def _cache_path(ident: str):
@@ -147,7 +166,7 @@ def _write_json(path, record: dict) -> None:
 # Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
 # (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
 # draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
-# its draft vocabulary gathered once, not per slot).
+# its draft vocabulary gathered once, not per slot; drafts timed per length).
 KERNELS_REVISION = 4
 
 
@@ -184,13 +203,16 @@ def cached_costs(
     draft_ident = f"{ident}|drafter={drafter_key}"
     path = _cache_path(draft_ident)
     try:
-        seconds = float(json.loads(path.read_text())["draft_seconds"])
+        by_length = tuple(float(s) for s in json.loads(path.read_text())["by_length"])
+        if len(by_length) < method.max_draft_tokens:
+            raise ValueError("measured for shorter drafts")
     except (OSError, ValueError, KeyError, TypeError):
         if notify:
             notify("measuring the drafter's cost once (cached)")
-        seconds = measure_draft_seconds(method, model)
-        _write_json(path, {"key": draft_ident, "draft_seconds": seconds})
-    return replace(table, draft_seconds=seconds)
+        by_length = measure_draft_seconds(method, model)
+        _write_json(path, {"key": draft_ident, "by_length": by_length})
+    by_length = by_length[: method.max_draft_tokens]
+    return replace(table, draft_seconds=by_length[-1], draft_by_length=by_length)
 
 
 def _load_table(path, max_drafts: int) -> CostTable | None:

@@ -9,10 +9,12 @@ from dataclasses import replace
 
 from specgen.drafting.base import Draft, DraftOption
 from specgen.scheduling.acceptance import AcceptanceTracker, RealisedSteps
-from specgen.scheduling.cost import CostTable
+from specgen.scheduling.cost import CostTable, draft_time
 from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.verify_length import (
     VerifyDecision,
+    best_draft,
+    best_verify_length,
     choose_verify_length,
     drafting_rate,
     full_length,
@@ -41,7 +43,9 @@ class VerifyScheduler:
         self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
         self._probe_cap = PROBE_AFTER  # the longest run between probes (set by `pick`)
         self._probes_out = 0  # probes trimmed but not yet recorded (the resident loop lags)
-        self._draft_seconds: dict[int, float] = {}  # per bucket, from the options seen
+        self._options: dict[int, DraftOption] = {}  # per bucket, as `pick` last saw them
+        self._picked: DraftOption | None = None  # `pick`'s choice for the coming draft
+        self._planned = 0  # its draft length (options without confidences)
 
     def learn_from(self, earlier: VerifyScheduler) -> None:
         """Start from what an earlier session learnt (its acceptance estimates and how far
@@ -72,11 +76,19 @@ class VerifyScheduler:
         if self.policy.kind == "threshold":
             return threshold_length(conditional, self.policy.threshold)
         assert self.costs is not None
-        return choose_verify_length(
-            conditional,
-            step_seconds=self.costs.step_seconds(context),
-            draft_seconds=self._draft_seconds.get(draft.bucket, self.costs.draft_seconds),
-        )
+        steps = self.costs.step_seconds(context)
+        paid = self._draft_cost(draft.bucket, draft.length)
+        if known:  # the drafter's own estimates: decide slot by slot (see verify_length.py)
+            return choose_verify_length(conditional, step_seconds=steps, draft_seconds=paid)
+        return best_verify_length(conditional, step_seconds=steps, draft_seconds=paid)
+
+    def _draft_cost(self, bucket: int, k: int) -> float:
+        """A draft of k tokens of this bucket (k <= 0: its longest)."""
+        assert self.costs is not None
+        option = self._options.get(bucket)
+        if option is None or option.seconds is None:
+            return self.costs.draft_cost(k)
+        return draft_time(option.seconds, option.by_length, k)
 
     @property
     def prices_drafts(self) -> bool:
@@ -103,26 +115,48 @@ class VerifyScheduler:
         plain steps; where verifying is nearly free (a GPU), one per few."""
         assert self.costs is not None and options
         steps = self.costs.step_seconds(context)
-        rates = []
+        rates, lengths = [], []
         for option in options:
-            seconds = self.costs.draft_seconds if option.seconds is None else option.seconds
-            self._draft_seconds[option.bucket] = seconds
-            rate = self.realised.rate(option.bucket, step_seconds=steps, draft_seconds=seconds)
-            if rate is None:  # not a confidence-trimmed drafter, or too few steps yet
-                conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
-                rate = drafting_rate(conditional, step_seconds=steps, draft_seconds=seconds)
+            self._options[option.bucket] = option
+            full = self._draft_cost(option.bucket, 0)  # a confidence-trimmed draft is whole
+            rate = self.realised.rate(option.bucket, step_seconds=steps, draft_seconds=full)
+            conditional = self.tracker.rates(option.bucket, self.costs.max_drafts)
+            if option.confidences:
+                length = self.costs.max_drafts
+                if rate is None:  # too few steps yet
+                    rate = drafting_rate(conditional, step_seconds=steps, draft_seconds=full)
+            else:  # the length is settled here, and only that much is drafted
+                by_length = [self._draft_cost(option.bucket, k) for k in range(1, len(steps))]
+                plan = best_draft(conditional, step_seconds=steps, draft_seconds=by_length)
+                length, rate = plan.length, plan.expected_rate
             rates.append(rate)
+            lengths.append(length)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
+        self._picked, self._planned = options[best], lengths[best]
         if rates[best] > 1.0 / steps[0]:
             self._probe_after = PROBE_AFTER
             return options[best].bucket
-        probe_extra = self._draft_seconds[options[best].bucket] - steps[0]
+        probed = 0 if options[best].confidences else PROBE_LENGTH  # 0: its longest
+        probe_extra = self._draft_cost(options[best].bucket, probed) - steps[0]
         probe_extra += steps[min(PROBE_LENGTH, len(steps) - 1)]
         self._probe_cap = max(PROBE_AFTER, math.ceil(probe_extra / (PROBE_BUDGET * steps[0])))
         if self._skips < min(self._probe_after, self._probe_cap) or self._probes_out:
+            self._picked = None
             return None  # (one probe at a time: the resident loop records a step late)
         self._probe_next = True
+        self._planned = PROBE_LENGTH
         return options[best].bucket
+
+    def draft_length(self, room: int) -> int:
+        """After `pick` chose to draft: how many tokens to draft, at most `room`. A drafter
+        whose confidences trim its drafts drafts all of `room` (they arrive with the draft);
+        any other drafts only the length `pick` settled from earlier steps (a probe:
+        `PROBE_LENGTH`), which `trim` then verifies whole, so no LM-head row is computed for
+        a token that would never be verified (on the CPU the default DFlash drafter's step
+        costs 3.2 ms for 1 token, 6.3 ms for 7)."""
+        if self._picked is None or self._picked.confidences:
+            return room
+        return min(room, self._planned)
 
     def skipped(self) -> None:
         """A step decoded without drafting. The estimates are left as they are: letting them

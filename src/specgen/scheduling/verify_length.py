@@ -74,18 +74,55 @@ def choose_verify_length(
     return best
 
 
-def drafting_rate(
-    conditional: Sequence[float], *, step_seconds: Sequence[float], draft_seconds: float
-) -> float:
-    """The best expected tokens per second of a draft, over verify lengths l >= 1:
-    max_l (1 + a_1 + .. + a_l) / (t_draft + t_verify(1 + l)). Decided before drafting, from
-    estimates of earlier steps; drafting pays when this beats a plain decoding step's
+def best_draft(
+    conditional: Sequence[float],
+    *,
+    step_seconds: Sequence[float],
+    draft_seconds: float | Sequence[float],
+) -> VerifyDecision:
+    """The draft length l >= 1 with the best expected tokens per second,
+    max_l (1 + a_1 + .. + a_l) / (t_draft(l) + t_verify(1 + l)), t_draft(l) = draft_seconds[l
+    - 1] (one number: the same for every l). Decided before drafting, from estimates of
+    earlier steps only, so it may take the best l over all of them: nothing it looks at
+    depends on the draft. Drafting pays when the rate beats a plain decoding step's
     1 / t_verify(1)."""
-    best, expected = 0.0, 1.0
+    best = VerifyDecision(0, 1.0, 0.0)
+    expected = 1.0
     for n, a in enumerate(survival(conditional), start=1):
         expected += a
-        best = max(best, expected / (draft_seconds + step_seconds[n]))
+        if isinstance(draft_seconds, int | float):
+            paid = float(draft_seconds)
+        else:
+            paid = draft_seconds[min(n, len(draft_seconds)) - 1]
+        rate = expected / (paid + step_seconds[n])
+        if rate > best.expected_rate:
+            best = VerifyDecision(n, expected, rate)
     return best
+
+
+def drafting_rate(
+    conditional: Sequence[float],
+    *,
+    step_seconds: Sequence[float],
+    draft_seconds: float | Sequence[float],
+) -> float:
+    """`best_draft`'s rate: the best expected tokens per second of a draft."""
+    return best_draft(
+        conditional, step_seconds=step_seconds, draft_seconds=draft_seconds
+    ).expected_rate
+
+
+def best_verify_length(
+    conditional: Sequence[float], *, step_seconds: Sequence[float], draft_seconds: float = 0.0
+) -> VerifyDecision:
+    """The verify length l = 0..k with the best expected tokens per second, the draft paid
+    (`draft_seconds`) whatever l. For estimates that do not depend on the draft's tokens
+    (rates learned from earlier steps), where the look-ahead bias `choose_verify_length`
+    guards against cannot arise, so this need not stop at the first slot that does not pay:
+    on the CPU verifying 3 drafts can cost no more than verifying 2."""
+    none = VerifyDecision(0, 1.0, 1.0 / (draft_seconds + step_seconds[0]))
+    best = best_draft(conditional, step_seconds=step_seconds, draft_seconds=draft_seconds)
+    return best if best.expected_rate > none.expected_rate else none
 
 
 def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDecision:

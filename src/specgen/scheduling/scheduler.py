@@ -156,7 +156,7 @@ class VerifyScheduler:
         costs 3.2 ms for 1 token, 6.3 ms for 7)."""
         if self._picked is None or self._picked.confidences:
             return room
-        return min(room, self._planned)
+        return min(room, max(1, self._planned))  # (pick drafts: at least one token)
 
     def skipped(self) -> None:
         """A step decoded without drafting. The estimates are left as they are: letting them

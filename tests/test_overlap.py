@@ -111,3 +111,16 @@ def test_bad_engine_is_refused():
 def test_auto_engine_overlaps_only_on_cuda(base):
     assert base.with_spec(SpecConfig(method="ngram")).overlaps is False  # a CPU model
     assert base.with_spec(SpecConfig(method="ngram", engine="overlap")).overlaps is True
+
+
+def test_plain_ar_loaded_keeps_its_engine_and_trace(tiny_qwen3_deep):
+    """`specgen generate --engine overlap` (or `--trace`) without a drafter: the AR pipeline
+    that `Pipeline.load` returns runs with those settings, not the defaults."""
+    spec = SpecConfig(engine="overlap", trace=True)
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
+    assert ar.spec == spec and ar.overlaps is True
+    done = ar.generate("Hello", max_new_tokens=3, session=ar.new_session())
+    assert done.stats.trace is not None and len(done.stats.trace) == done.stats.steps
+    sync = Pipeline.load(str(tiny_qwen3_deep), device="cpu", spec=SpecConfig(engine="sync"))
+    assert sync.overlaps is False
+    assert sync.generate("Hello", max_new_tokens=3).token_ids == done.token_ids

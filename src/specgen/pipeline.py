@@ -197,8 +197,10 @@ class Pipeline:
             raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
         context = context or min(limit, DEFAULT_CONTEXT)
-        base = cls(target, codec, resolved.name, context, source=str(resolved.path))
-        return base if spec.method == "ar" else base.with_spec(spec, notify=notify)
+        # plain AR keeps the spec too: its engine, CUDA graphs and tracing settings
+        ar = spec if spec.method == "ar" else None
+        base = cls(target, codec, resolved.name, context, ar, source=str(resolved.path))
+        return base if ar is not None else base.with_spec(spec, notify=notify)
 
     @compute.runs_there
     def with_spec(self, spec: SpecConfig, *, notify: Notify | None = None) -> Pipeline:

@@ -86,14 +86,13 @@ def best_draft(
     earlier steps only, so it may take the best l over all of them: nothing it looks at
     depends on the draft. Drafting pays when the rate beats a plain decoding step's
     1 / t_verify(1)."""
+    if isinstance(draft_seconds, int | float):
+        draft_seconds = (float(draft_seconds),)
     best = VerifyDecision(0, 1.0, 0.0)
     expected = 1.0
     for n, a in enumerate(survival(conditional), start=1):
         expected += a
-        if isinstance(draft_seconds, int | float):
-            paid = float(draft_seconds)
-        else:
-            paid = draft_seconds[min(n, len(draft_seconds)) - 1]
+        paid = draft_seconds[min(n, len(draft_seconds)) - 1]
         rate = expected / (paid + step_seconds[n])
         if rate > best.expected_rate:
             best = VerifyDecision(n, expected, rate)

@@ -30,7 +30,14 @@ from specgen.training.features import target_features
 from specgen.training.init import init_from_target, random_init
 from specgen.training.state import FILE as STATE_FILE
 from specgen.training.state import load_state, save_state
-from specgen.training.trainer import Prepared, Sequence, Vocab, sequence_loss, trainable
+from specgen.training.trainer import (
+    Prepared,
+    Sequence,
+    Vocab,
+    read_layers,
+    sequence_loss,
+    trainable,
+)
 
 
 @dataclass(frozen=True)
@@ -159,11 +166,10 @@ def prepare_all(
     from the host (and indexes DSpark's last-layer states with device-side positions)."""
     dspark = isinstance(net, DSparkNet)
     taps = tuple((net.backbone if dspark else net).args.target_layer_ids)
-    last = target.args.num_layers - 1
-    layers = tuple(sorted({*taps, last})) if dspark else taps
-    hidden = target_features(target, target_name, data, layers, cache, report)
+    last = target.args.num_layers - 1 if dspark else None
+    hidden = target_features(target, target_name, data, read_layers(taps, last), cache, report)
     return [
-        Prepared.from_layers(seq, h, taps, last if dspark else None).to(target.device)
+        Prepared.from_layers(seq, h, taps, last).to(target.device)
         for seq, h in zip(data, hidden, strict=True)
     ]
 

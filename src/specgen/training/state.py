@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 FILE = "state.safetensors"
 
@@ -55,7 +55,7 @@ def load_state(path: Path) -> dict[str, Any]:
 
     with safe_open(str(path), framework="pt") as f:
         record = json.loads(f.metadata()["state"])
-    tensors = load_file(str(path))
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
     net = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
     opt_state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():

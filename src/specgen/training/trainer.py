@@ -62,10 +62,15 @@ def layer_outputs(
     return {layer: run.taps[layer][0].to(torch.bfloat16).cpu().contiguous() for layer in layers}
 
 
+def read_layers(taps: tuple[int, ...], last: int | None) -> tuple[int, ...]:
+    """The target layers whose outputs training reads: the drafter's taps, and for DSpark
+    the last layer too."""
+    return taps if last is None else tuple(sorted({*taps, last}))
+
+
 def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: bool) -> Prepared:
     final = target.args.num_layers - 1
-    layers = tuple(sorted({*taps, final})) if last else taps
-    hidden = layer_outputs(target, seq, layers)
+    hidden = layer_outputs(target, seq, read_layers(taps, final if last else None))
     return Prepared.from_layers(seq, hidden, taps, final if last else None).to(target.device)
 
 

@@ -42,3 +42,21 @@ def test_block_count_divides_and_keeps_blocks_large():
         assert _blocks(7) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5])
+def test_few_rows_come_back_row_major_with_the_same_numbers(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(3072, 576, generator=gen)
+    x = torch.randn(1, rows, 576, generator=gen)
+    got = linear(x, w, None)
+    assert got.is_contiguous()  # what follows views it by rows; a transposed layout is slow
+    assert torch.equal(got[0], torch.mm(w, x[0].t()).t())  # a copy: not one bit moves
+
+
+def test_few_rows_keep_their_gradient():
+    w = torch.randn(64, 32, requires_grad=True)
+    x = torch.randn(1, 3, 32, requires_grad=True)
+    linear(x, w, None).sum().backward()
+    torch.testing.assert_close(x.grad[0], w.sum(0).expand(3, 32).detach())
+    torch.testing.assert_close(w.grad, x[0].sum(0).expand(64, 32).detach())

@@ -326,6 +326,38 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
     assert scheduler.pick((DraftOption(1, confidences=True),), 100) is None
 
 
+def test_a_confident_drafter_not_chosen_lately_is_tried_again():
+    """Stacked under the cost policy: DSpark (confidences) did badly on a few early steps,
+    then DFlash drafted. DSpark's steps as verified must age with DFlash's steps, as its
+    rates do; frozen, they priced it below DFlash for the rest of the session (and, learnt
+    from answer to answer, the whole bench), so stacked made DFlash's exact decisions even
+    where DSpark was the better drafter."""
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.acceptance import MIN_WEIGHT
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import VerifyScheduler
+
+    # verifying is nearly free, drafting costs 0.3 of a step (a GPU's prices)
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), draft_seconds=0.3)
+    options = (DraftOption(0), DraftOption(1, confidences=True))
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    unsure = Draft(tokens=tokens, confidence=torch.full((1, 3), 0.01), bucket=1)
+    for _ in range(6):  # a bad start: its confidences verify nothing
+        scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
+    plain = Draft(tokens=tokens, bucket=0)
+    scheduler.record(plain, accepted=1)
+    assert scheduler.pick(options, 100) == 0  # DFlash, on the evidence so far
+    steps = costs.seconds[0]
+    assert scheduler.realised.rate(1, step_seconds=steps, draft_seconds=0.3) is not None
+    for i in range(60):  # DFlash drafts on; one step in three has its first draft accepted
+        scheduler.record(plain, accepted=1 if i % 3 == 0 else 0)
+    assert sum(scheduler.realised.weight[1]) < MIN_WEIGHT  # DSpark's steps have aged
+    assert scheduler.realised.rate(1, step_seconds=steps, draft_seconds=0.3) is None
+    assert scheduler.pick(options, 100) == 1  # so it is tried again
+
+
 def test_draft_length_is_settled_before_drafting_from_per_length_costs():
     from specgen.drafting.base import DraftOption
     from specgen.scheduling.cost import CostTable

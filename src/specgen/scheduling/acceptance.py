@@ -66,10 +66,17 @@ class RealisedSteps:
     tokens: dict[int, list[float]] = field(default_factory=dict)  # committed, same index
 
     def record(self, bucket: int, verified: int, committed: int) -> None:
-        _fade(self.weight, self.tokens)
+        self.fade()
         n = min(verified, self.max_length)
         self.weight.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += 1.0
         self.tokens.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += committed
+
+    def fade(self) -> None:
+        """One drafted step passes, whichever drafter drafted it: a drafter not chosen
+        lately sees its evidence fade (as its rates fade to their prior), falls below
+        MIN_WEIGHT and is priced by its rates again, so a drafter that did badly once is
+        tried again later instead of being judged by those steps forever."""
+        _fade(self.weight, self.tokens)
 
     def rate(
         self, bucket: int, *, step_seconds: list[float] | tuple[float, ...], draft_seconds: float

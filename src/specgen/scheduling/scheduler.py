@@ -195,6 +195,8 @@ class VerifyScheduler:
         self.tracker.record(draft.bucket, verified, accepted)
         if draft.confidence is not None and proposed is not None:  # probes too: they
             self.realised.record(draft.bucket, draft.length, accepted + 1)  # are its steps
+        else:  # another drafter's step (stacked): the confident one's evidence ages too
+            self.realised.fade()
         if draft.probe:  # paced as `pick` says
             if accepted == 0:
                 self._probe_after = min(2 * self._probe_after, self._probe_cap)

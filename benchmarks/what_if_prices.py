@@ -1,0 +1,121 @@
+"""The bench's decisions and modeled speed under another machine's price list.
+
+Whether a drafter pays is a matter of prices: on the 2-core CPU verifying one draft costs
+~1.4 plain steps, so the cost scheduler rightly decodes almost plainly and dflash, dspark
+and stacked all land within 1% of AR; there the stacked selector has nothing to choose
+between. This runs `specgen bench`'s harness with every scheduler deciding from a given
+price list instead of this machine's measured one: the drafters, their acceptance and the
+tokens are real (greedy answers are still checked against AR), only the prices are
+assumed. The modeled column (bench/modeled.py) then prices those decisions from the same
+list. The measured tok/s of such a run mean nothing (the CPU pays its own prices for
+decisions made for another machine's) and are not reported.
+
+Prices are ratios to one plain decoding step:
+
+    verify n drafts:  1 + SLOPE * n            (a forward over 1 + n tokens)
+    draft (any length): DFLASH / DSPARK
+
+The default, `h200-qwen3-8b`, is what benchmarks/results/gpu-h200-2026-11-30b/shapes.txt
+measured on an H200 at Qwen3-8B shapes, context 512 (graphed verify of 16 tokens 1.18x AR,
+so SLOPE = 0.18 / 15; DFlash draft 0.25 and DSpark draft 0.29 of an AR step, eager over
+eager). For the default model on that GPU those ratios are an assumption: its own price
+list was never recorded.
+
+    python benchmarks/what_if_prices.py --suite ../shared/data/spec_bench.jsonl \
+        --num-prompts 52 > out.txt && python benchmarks/summarize_bench.py out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+PRESETS = {
+    # slope per verified draft, DFlash draft, DSpark draft (ratios to an AR step)
+    "h200-qwen3-8b": (0.18 / 15, 0.25, 0.29),
+}
+
+
+def priced_pipelines(pipes: dict, slope: float, drafts: dict[str, float]) -> dict:
+    """`pipes` with every cost table replaced by the price list (ratios times this
+    machine's measured plain step, so modeled tok/s keep plausible units)."""
+    from specgen.drafting.stacked import StackedMethod
+    from specgen.pipeline import Pipeline
+
+    measured = next(p.costs for p in pipes.values() if getattr(p, "costs", None))
+    step = measured.seconds[0][0]
+    longest = measured.max_drafts
+    verify = tuple(step * (1 + slope * n) for n in range(longest + 1))
+    out = {}
+    for name, pipe in pipes.items():
+        if pipe.costs is None:
+            out[name] = pipe
+            continue
+        method = pipe.method
+        if isinstance(method, StackedMethod):
+            seconds = [step * drafts[n] for n in method.names]
+            methods = zip(seconds, method.methods, strict=True)
+            by_length = [(s,) * m.max_draft_tokens for s, m in methods]
+            method = StackedMethod(method.names, method.methods, seconds, verify, by_length)
+            own = seconds[0]
+        else:
+            own = step * drafts[name]
+        table = replace(
+            pipe.costs,
+            contexts=(measured.contexts[0],),
+            seconds=(verify,),
+            draft_seconds=own,
+            draft_by_length=(own,) * method.max_draft_tokens,
+        )
+        out[name] = Pipeline(
+            pipe.model, pipe.codec, pipe.name, pipe.context, pipe.spec, table, method, pipe.source
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="builtin")
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--methods", default="dflash,dspark,stacked")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="h200-qwen3-8b")
+    parser.add_argument("--slope", type=float, help="verify cost per draft (override)")
+    parser.add_argument("--dflash", type=float, help="DFlash draft / AR step (override)")
+    parser.add_argument("--dspark", type=float, help="DSpark draft / AR step (override)")
+    args = parser.parse_args()
+    slope, dflash, dspark = PRESETS[args.preset]
+    slope = slope if args.slope is None else args.slope
+    drafts = {
+        "dflash": dflash if args.dflash is None else args.dflash,
+        "dspark": dspark if args.dspark is None else args.dspark,
+    }
+
+    from specgen import display
+    from specgen.bench.harness import run_bench
+    from specgen.bench.report import summarize
+    from specgen.bench.suites import load_suite
+    from specgen.cli.bench import _pipelines
+    from specgen.cli.common import quiet_libraries
+    from specgen.config import SamplingParams
+
+    quiet_libraries()
+    prompts = load_suite(args.suite, args.num_prompts)
+    names = ",".join(["ar", *args.methods.split(",")])
+    pipes = _pipelines("smollm2-135m", names, [], "cost", "cpu", "float32", None, True)
+    pipes = priced_pipelines(pipes, slope, drafts)
+    result = run_bench(
+        pipes, prompts, max_new_tokens=args.max_new_tokens, sampling=SamplingParams()
+    )
+    meta = {
+        "what_if": {"slope": slope, "draft_over_ar": drafts, "preset": args.preset},
+        "model": "smollm2-135m",
+        "suite": args.suite,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+    }
+    display.write_json(summarize(result, meta))
+
+
+if __name__ == "__main__":
+    main()

@@ -358,6 +358,42 @@ def test_a_confident_drafter_not_chosen_lately_is_tried_again():
     assert scheduler.pick(options, 100) == 1  # so it is tried again
 
 
+def test_the_drafter_drafting_keeps_drafting_unless_another_is_clearly_faster():
+    """Stacked: the drafter not drafting has an aging estimate, so a few percent in its
+    favour is mostly noise; switching on it cost more than it won under GPU-like prices
+    (benchmarks/results/cpu-what-if-h200-prices.txt). The incumbent keeps drafting unless
+    the other is expected SWITCH_MARGIN faster."""
+    from specgen.drafting.base import DraftOption
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.policy import VerifyPolicy
+    from specgen.scheduling.scheduler import SWITCH_MARGIN, VerifyScheduler
+    from specgen.scheduling.verify_length import best_draft
+
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), draft_seconds=0.3)
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    options = (DraftOption(0), DraftOption(1))
+
+    def after(misses: tuple[int, ...]) -> tuple[int | None, float]:
+        """Both drafted in turn, drafter 0 last; it missed where drafter 1 did not at
+        `misses`. Returns the pick and drafter 1's expected rate over drafter 0's."""
+        scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+        for i in range(40):
+            scheduler.record(Draft(tokens=tokens, bucket=1), accepted=1 if i % 2 else 3)
+            scheduler.record(Draft(tokens=tokens, bucket=0),
+                             accepted=1 if i % 2 or i in misses else 3)  # fmt: skip
+        rate = [
+            best_draft(scheduler.tracker.rates(b, 3), step_seconds=costs.seconds[0],
+                       draft_seconds=(0.3,) * 3).expected_rate
+            for b in (0, 1)
+        ]  # fmt: skip
+        return scheduler.pick(options, 100), rate[1] / rate[0]
+
+    pick, edge = after((38,))
+    assert 1 < edge < 1 + SWITCH_MARGIN and pick == 0  # a small edge: drafter 0 stays
+    pick, edge = after((36, 38))
+    assert edge > 1 + SWITCH_MARGIN and pick == 1  # a clear one: drafter 1 takes over
+
+
 def test_draft_length_is_settled_before_drafting_from_per_length_costs():
     from specgen.drafting.base import DraftOption
     from specgen.scheduling.cost import CostTable

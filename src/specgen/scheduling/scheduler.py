@@ -25,6 +25,8 @@ DEFAULT_POSITIONS = 16  # acceptance positions tracked when no cost table bounds
 PROBE_AFTER = 4  # skipped steps before the first probe draft (then doubling, see `pick`)
 PROBE_LENGTH = 3  # drafts a probe verifies, whatever the estimates say
 PROBE_BUDGET = 0.02  # probes that teach nothing new cost at most this share of decoding
+SWITCH_MARGIN = 0.05  # another drafter must be expected this much faster to take over (the
+# one value tried: benchmarks/results/cpu-what-if-h200-prices.txt, run D)
 
 
 class VerifyScheduler:
@@ -46,6 +48,7 @@ class VerifyScheduler:
         self._options: dict[int, DraftOption] = {}  # per bucket, as `pick` last saw them
         self._picked: DraftOption | None = None  # `pick`'s choice for the coming draft
         self._planned = 0  # its draft length (options without confidences)
+        self._incumbent: int | None = None  # the bucket that drafted the last drafted step
 
     def learn_from(self, earlier: VerifyScheduler) -> None:
         """Start from what an earlier session learnt (its acceptance estimates and how far
@@ -102,7 +105,10 @@ class VerifyScheduler:
         decoding step (then call `skipped`). A drafter whose confidences trim its drafts is
         priced by its recent steps as verified (`RealisedSteps`), any other by its
         per-position rates. Estimates come from earlier steps only, so whether and with
-        what to draft never depends on the tokens being judged.
+        what to draft never depends on the tokens being judged. With several options
+        (stacked), the one that drafted last keeps drafting unless another is expected
+        `SWITCH_MARGIN` faster: the other's estimate is older, so a small edge is mostly
+        noise (under GPU-like prices switching on any edge made stacked 0.3% slower).
 
         A skipped step teaches nothing about acceptance, so after a run of skips one probe
         draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens). The
@@ -132,6 +138,9 @@ class VerifyScheduler:
             rates.append(rate)
             lengths.append(length)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
+        held = [i for i, o in enumerate(options) if o.bucket == self._incumbent]
+        if held and rates[best] < rates[held[0]] * (1 + SWITCH_MARGIN):
+            best = held[0]
         self._picked, self._planned = options[best], lengths[best]
         if rates[best] > 1.0 / steps[0]:
             self._probe_after = PROBE_AFTER
@@ -193,6 +202,7 @@ class VerifyScheduler:
         if verified == 0:  # a plain decoding step (`skipped`): no evidence, and not a probe
             return
         self.tracker.record(draft.bucket, verified, accepted)
+        self._incumbent = draft.bucket
         if draft.confidence is not None and proposed is not None:  # probes too: they
             self.realised.record(draft.bucket, draft.length, accepted + 1)  # are its steps
         else:  # another drafter's step (stacked): the confident one's evidence ages too

@@ -66,13 +66,13 @@ class RealisedSteps:
     tokens: dict[int, list[float]] = field(default_factory=dict)  # committed, same index
 
     def record(self, bucket: int, verified: int, committed: int) -> None:
-        self.fade()
+        """One step of `bucket` (call `fade` first: every drafted step fades the rest)."""
         n = min(verified, self.max_length)
         self.weight.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += 1.0
         self.tokens.setdefault(bucket, [0.0] * (self.max_length + 1))[n] += committed
 
     def fade(self) -> None:
-        """One drafted step passes, whichever drafter drafted it: a drafter not chosen
+        """One drafted step passes, whichever drafter drafted it. A drafter not chosen
         lately sees its evidence fade (as its rates fade to their prior), falls below
         MIN_WEIGHT and is priced by its rates again, so a drafter that did badly once is
         tried again later instead of being judged by those steps forever."""

@@ -138,9 +138,9 @@ class VerifyScheduler:
             rates.append(rate)
             lengths.append(length)
         best = max(range(len(options)), key=lambda i: (rates[i], -i))
-        held = [i for i, o in enumerate(options) if o.bucket == self._incumbent]
-        if held and rates[best] < rates[held[0]] * (1 + SWITCH_MARGIN):
-            best = held[0]
+        held = next((i for i, o in enumerate(options) if o.bucket == self._incumbent), None)
+        if held is not None and rates[best] < rates[held] * (1 + SWITCH_MARGIN):
+            best = held
         self._picked, self._planned = options[best], lengths[best]
         if rates[best] > 1.0 / steps[0]:
             self._probe_after = PROBE_AFTER
@@ -203,10 +203,9 @@ class VerifyScheduler:
             return
         self.tracker.record(draft.bucket, verified, accepted)
         self._incumbent = draft.bucket
+        self.realised.fade()  # whichever drafter drafted: a stacked drafter's evidence ages
         if draft.confidence is not None and proposed is not None:  # probes too: they
             self.realised.record(draft.bucket, draft.length, accepted + 1)  # are its steps
-        else:  # another drafter's step (stacked): the confident one's evidence ages too
-            self.realised.fade()
         if draft.probe:  # paced as `pick` says
             if accepted == 0:
                 self._probe_after = min(2 * self._probe_after, self._probe_cap)

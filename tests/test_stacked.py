@@ -72,8 +72,17 @@ def _stacked(tiny_qwen3_deep, a, b, policy="cost", **kw):
 
 @pytest.mark.parametrize("policy", ["cost", "full"])
 def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, policy):
+    from specgen.drafting.stacked import StackedMethod
+    from specgen.scheduling.cost import CostTable
+
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipe = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, policy, trace=True)
+    if policy == "cost":  # fixed prices (a GPU's), not this machine's noisy measurement:
+        # which drafters get to draft must not depend on timing
+        steps = tuple(1.0 + 0.01 * n for n in range(8))
+        method = StackedMethod(pipe.method.names, pipe.method.methods, (0.1, 0.1), steps)
+        costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=0.1)
+        pipe = Pipeline(ar.model, ar.codec, ar.name, ar.context, pipe.spec, costs, method)
     drafter = pipe.session.drafter
     assert drafter.taps == (0, 1, 2, 3, 4)  # one capture: the union of both drafters' layers
     used = set()

@@ -99,6 +99,37 @@ def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_tap
         assert d.context.length == session.cache.length
 
 
+def test_each_drafter_drafts_as_if_it_had_drafted_every_step(
+    tiny_qwen3_deep, tiny_dflash, dspark_other_taps, monkeypatch
+):
+    """A drafter not chosen for a step must propose, when next chosen, what it would have
+    had it drafted every step (as it does alone): its state may follow the committed
+    tokens only, never its own earlier proposals. Drafters alternate; in the second run
+    the one not chosen drafts too, and its draft is thrown away."""
+    from specgen.drafting.stacked import StackedDrafter
+
+    original = StackedDrafter.propose
+    pipe = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, "full")
+    drafts = {}
+    for shadow in (False, True):
+        log: list[tuple[int, list[int]]] = []
+
+        def propose(self, anchor, max_tokens, params, generator, shadow=shadow, log=log):
+            chosen = (self.step + 1) % 2
+            if shadow:
+                self.drafters[1 - chosen].propose(anchor, max_tokens, params, generator)
+            self.select(chosen)
+            draft = original(self, anchor, max_tokens, params, generator)
+            log.append((draft.bucket, draft.tokens[0].tolist()))
+            return draft
+
+        monkeypatch.setattr(StackedDrafter, "propose", propose)
+        pipe.generate("one two one two one two", max_new_tokens=30, session=pipe.new_session())
+        drafts[shadow] = log
+    assert {b for b, _ in drafts[False]} == {0, 1}
+    assert drafts[True] == drafts[False]
+
+
 def test_stacked_skips_drafting_when_neither_drafter_pays(
     tiny_qwen3_deep, tiny_dflash, dspark_other_taps
 ):

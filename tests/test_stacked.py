@@ -70,19 +70,24 @@ def _stacked(tiny_qwen3_deep, a, b, policy="cost", **kw):
     return Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
 
 
-@pytest.mark.parametrize("policy", ["cost", "full"])
-def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, policy):
+def _priced(loaded: Pipeline, ar: Pipeline, draft: float, steps: tuple[float, ...]) -> Pipeline:
+    """`loaded` (stacked) deciding from fixed prices, not this machine's measured ones:
+    each draft `draft`, verifying n drafts steps[n]."""
     from specgen.drafting.stacked import StackedMethod
     from specgen.scheduling.cost import CostTable
 
+    method = StackedMethod(loaded.method.names, loaded.method.methods, (draft, draft), steps)
+    costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=draft)
+    return Pipeline(ar.model, ar.codec, ar.name, ar.context, loaded.spec, costs, method)
+
+
+@pytest.mark.parametrize("policy", ["cost", "full"])
+def test_stacked_greedy_equals_ar(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, policy):
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipe = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, policy, trace=True)
     if policy == "cost":  # fixed prices (a GPU's), not this machine's noisy measurement:
         # which drafters get to draft must not depend on timing
-        steps = tuple(1.0 + 0.01 * n for n in range(8))
-        method = StackedMethod(pipe.method.names, pipe.method.methods, (0.1, 0.1), steps)
-        costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=0.1)
-        pipe = Pipeline(ar.model, ar.codec, ar.name, ar.context, pipe.spec, costs, method)
+        pipe = _priced(pipe, ar, 0.1, tuple(1.0 + 0.01 * n for n in range(8)))
     drafter = pipe.session.drafter
     assert drafter.taps == (0, 1, 2, 3, 4)  # one capture: the union of both drafters' layers
     used = set()
@@ -133,17 +138,11 @@ def test_each_drafter_drafts_as_if_it_had_drafted_every_step(
 def test_stacked_skips_drafting_when_neither_drafter_pays(
     tiny_qwen3_deep, tiny_dflash, dspark_other_taps
 ):
-    from specgen.drafting.stacked import StackedMethod
-    from specgen.scheduling.cost import CostTable
-
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     want = ar.generate("The quick brown fox", raw=True, max_new_tokens=40).token_ids
     loaded = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, trace=True)
     # random drafters are rarely right, and here each costs as much as a verify step
-    steps = (1.0,) + (1.1,) * 7
-    method = StackedMethod(loaded.method.names, loaded.method.methods, (1.0, 1.0), steps)
-    costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=1.0)
-    pipe = Pipeline(ar.model, ar.codec, ar.name, ar.context, loaded.spec, costs, method)
+    pipe = _priced(loaded, ar, 1.0, (1.0,) + (1.1,) * 7)
     got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
     assert got.token_ids == want
     trace = got.stats.trace[1:]

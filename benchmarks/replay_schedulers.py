@@ -1,0 +1,99 @@
+"""The real verify schedulers replayed over recorded drafts (specgen/bench/replay.py),
+priced as a what-if bench run prices them (benchmarks/what_if_prices.py): modeled speedup
+over AR and τ per category for dflash, dspark and stacked, and stacked over the better of
+the two (issue 8's goal: at least 0.97 in every category, above 1 on the mixed suite).
+Seconds for hundreds of answers where a what-if bench run takes half an hour.
+
+`--check RAW` compares with a what-if bench run's output over the same prompts: the last
+columns are the largest differences in τ and modeled speedup between the two (0 when the
+replay decided every step as the bench did).
+
+    python benchmarks/record_drafts.py --suite ../shared/data/spec_bench.jsonl \\
+        --num-prompts 52 --out drafts.jsonl
+    python benchmarks/replay_schedulers.py drafts.jsonl \\
+        --check benchmarks/results/cpu-what-if-h200-prices.raw.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from what_if_prices import PRESETS, priced_pipelines
+
+METHODS = ("dflash", "dspark", "stacked")
+
+
+def summary(traces: Sequence[Mapping[str, Any]], results: Mapping, prices) -> dict:
+    """Per method and category (and "all"): τ and modeled speedup over AR."""
+    from specgen.bench.modeled import modeled
+
+    step = prices.costs.seconds[0][0]  # AR: one token per plain step
+    cats = list(dict.fromkeys(t["category"] for t in traces if t["index"] >= 0))
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for method, answers in results.items():
+        table[method] = {}
+        for cat in [*cats, "all"]:
+            picked = [a for t, a in zip(traces, answers, strict=True)
+                      if t["index"] >= 0 and cat in ("all", t["category"])]  # fmt: skip
+            priced = [modeled(a.shapes, prices) for a in picked]
+            steps = sum(a.steps for a in picked)
+            table[method][cat] = {
+                "tau": (sum(a.accepted for a in picked) + steps) / steps,
+                "modeled_speedup": sum(p[0] for p in priced) / sum(p[1] for p in priced) * step,
+            }
+    return table
+
+
+def print_table(table: Mapping, check: Mapping | None) -> None:
+    print("category".ljust(15) + "".join(f"{m:>20}" for m in METHODS) + "   stacked/best"
+          + ("   check: Δτ Δmodeled" if check else ""))  # fmt: skip
+    for cat in table["stacked"]:
+        row = cat.ljust(15)
+        for m in METHODS:
+            r = table[m][cat]
+            row += f"    {r['modeled_speedup']:6.4f} τ {r['tau']:5.3f}"
+        best = max(table[m][cat]["modeled_speedup"] for m in ("dflash", "dspark"))
+        row += f"   {table['stacked'][cat]['modeled_speedup'] / best:12.4f}"
+        if check:
+            dtau = max(abs(table[m][cat]["tau"] - check[m][cat]["tau"]) for m in METHODS)
+            dmod = max(abs(table[m][cat]["modeled_speedup"] - check[m][cat]["modeled_speedup"])
+                       for m in METHODS)  # fmt: skip
+            row += f"   {dtau:8.3f} {dmod:8.4f}"
+        print(row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", help="record_drafts.py's JSON lines")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="h200-qwen3-8b")
+    parser.add_argument("--check", help="a what-if bench run's output over the same prompts")
+    parser.add_argument("--json", action="store_true", help="the table as JSON")
+    args = parser.parse_args()
+
+    from specgen.bench.modeled import prices_of
+    from specgen.bench.replay import replay
+    from specgen.cli.bench import _pipelines
+    from specgen.cli.common import quiet_libraries
+
+    quiet_libraries()
+    traces = [json.loads(line) for line in open(args.traces, encoding="utf-8")]
+    slope, dflash, dspark = PRESETS[args.preset]
+    pipes = _pipelines("smollm2-135m", ",".join(METHODS), [], "cost", "cpu", "float32", None, True)
+    pipes = priced_pipelines(pipes, slope, {"dflash": dflash, "dspark": dspark})
+    results = replay(traces, {m: pipes[m] for m in METHODS})
+    table = summary(traces, results, prices_of(pipes))
+    check = None
+    if args.check:
+        lines = open(args.check, encoding="utf-8").read().splitlines()
+        check = json.loads([line for line in lines if line.startswith("{")][-1])["results"]
+    if args.json:
+        print(json.dumps(table))
+    else:
+        print_table(table, check)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,11 +3,11 @@
 One capture of target features feeds both: the target taps the union of their layers
 and each drafter's context cache is extended with every committed token (and rolled back
 with the target), so either can draft the next step. Under the cost policy the scheduler
-picks, before each step, the drafter with the best expected tokens per second from its
-acceptance on earlier steps (DSpark's priced by its steps as its confidences verified
-them, `scheduling/acceptance.RealisedSteps`) and its own measured draft time, or no draft at
-all when neither is expected to beat a plain decoding step (`VerifyScheduler.pick`); the
-drafters are its two options, buckets 0 and 1. Under the other policies the selector
+picks, before each step, the drafter whose own last steps gave the most tokens per second
+(`scheduling/acceptance.OwnSteps`, priced with its measured draft time; the one drafting
+keeps drafting unless the other is clearly faster), and drafts with it when its own price
+says a draft beats a plain decoding step (`VerifyScheduler.pick`); the drafters are its
+two options, buckets 0 and 1. Under the other policies the selector
 (`scheduling/selector.py`) picks from committed tokens per step. The chosen drafter's
 draft goes through the shared verifier, and a DSpark draft keeps its confidences, so the
 verify-length scheduler still trims it. The choice never looks at the tokens it will be

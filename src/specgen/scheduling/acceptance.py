@@ -9,12 +9,14 @@ the prior and gets explored again. Estimates only ever use finished steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 PRIOR_RATE = 0.6  # optimistic enough to try drafting before anything is known
 PRIOR_WEIGHT = 2.0
 DECAY = 0.97  # per step: roughly the last 30 steps dominate
 MIN_WEIGHT = 4.0  # recent steps before their realised rate (RealisedSteps) is trusted
+OWN_DECAY = 0.9  # OwnSteps: per step of the same drafter, its last ~10 steps dominate
 
 
 @dataclass
@@ -88,6 +90,53 @@ class RealisedSteps:
         tokens = sum(self.tokens[bucket])
         seconds = sum(w * (draft_seconds + step_seconds[n]) for n, w in enumerate(weight))
         return tokens / seconds
+
+
+@dataclass
+class OwnSteps:
+    """Where several drafters take turns (stacked): each one's recent steps as they were
+    drafted and verified, recency-weighted over its own steps only, to compare them by.
+
+    The per-position rates price DFlash optimistically where its first drafts mostly fail
+    (its deep positions are seldom tried and stay near the prior), and RealisedSteps fade
+    with every drafted step, so the drafter not chosen lately is priced by its rates (or
+    prior) again; compared on those terms, stacked stayed on DFlash where DSpark drafted
+    better, and under other price lists trailed the better drafter by up to 3%. Here both
+    are judged alike, by the tokens per second their own last ~10 steps gave, and the
+    estimate of the one not drafting keeps its value until it drafts again: it is retried
+    when the drafting one does worse than it did (scheduler.VerifyScheduler.pick). Steps
+    are kept as counts per draft and verify length and priced when asked, at the current
+    context, as RealisedSteps does."""
+
+    max_length: int
+    drafted: dict[int, list[float]] = field(default_factory=dict)  # [draft length]
+    verified: dict[int, list[float]] = field(default_factory=dict)  # [verify length]
+    tokens: dict[int, float] = field(default_factory=dict)  # committed
+
+    def record(self, bucket: int, drafted: int, verified: int, committed: int) -> None:
+        """One step of `bucket`: it fades its own earlier steps, no other drafter's."""
+        for counts, n in ((self.drafted, drafted), (self.verified, verified)):
+            weights = counts.setdefault(bucket, [0.0] * (self.max_length + 1))
+            for i in range(len(weights)):
+                weights[i] *= OWN_DECAY
+            weights[min(n, self.max_length)] += 1.0
+        self.tokens[bucket] = self.tokens.get(bucket, 0.0) * OWN_DECAY + committed
+
+    def rate(
+        self,
+        bucket: int,
+        *,
+        step_seconds: Sequence[float],
+        draft_seconds: Callable[[int], float],
+    ) -> float | None:
+        """Tokens per second of this bucket's last steps (None before MIN_WEIGHT of them);
+        `draft_seconds(k)`: its time to draft k tokens."""
+        verified = self.verified.get(bucket)
+        if verified is None or sum(verified) < MIN_WEIGHT:
+            return None
+        seconds = sum(w * step_seconds[n] for n, w in enumerate(verified))
+        seconds += sum(w * draft_seconds(k) for k, w in enumerate(self.drafted[bucket]) if w)
+        return self.tokens[bucket] / seconds
 
 
 def _fade(*groups: dict[int, list[float]]) -> None:

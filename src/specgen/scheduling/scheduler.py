@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from specgen.drafting.base import Draft, DraftOption
-from specgen.scheduling.acceptance import AcceptanceTracker, RealisedSteps
+from specgen.scheduling.acceptance import AcceptanceTracker, OwnSteps, RealisedSteps
 from specgen.scheduling.cost import CostTable, draft_time
 from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.verify_length import (
@@ -25,8 +26,8 @@ DEFAULT_POSITIONS = 16  # acceptance positions tracked when no cost table bounds
 PROBE_AFTER = 4  # skipped steps before the first probe draft (then doubling, see `pick`)
 PROBE_LENGTH = 3  # drafts a probe verifies, whatever the estimates say
 PROBE_BUDGET = 0.02  # probes that teach nothing new cost at most this share of decoding
-SWITCH_MARGIN = 0.05  # another drafter must be expected this much faster to take over (the
-# one value tried: benchmarks/results/cpu-what-if-h200-prices.txt, run D)
+SWITCH_MARGIN = 0.05  # another drafter must be expected this much faster to take over
+# (benchmarks/results/cpu-replay-stacked-selectors.txt: 0.03-0.08 alike, 0 and 0.1 worse)
 
 
 class VerifyScheduler:
@@ -40,6 +41,8 @@ class VerifyScheduler:
         self.tracker = AcceptanceTracker(costs.max_drafts if costs else DEFAULT_POSITIONS)
         # confidence-trimmed drafters: their steps as verified (see RealisedSteps)
         self.realised = RealisedSteps(costs.max_drafts if costs else DEFAULT_POSITIONS)
+        # several drafters (stacked): each one's own recent steps, to compare them by
+        self.own = OwnSteps(costs.max_drafts if costs else DEFAULT_POSITIONS)
         self._skips = 0  # consecutive skipped drafts
         self._probe_after = PROBE_AFTER
         self._probe_next = False  # `pick` chose a probe: `trim` makes the next draft one
@@ -57,6 +60,7 @@ class VerifyScheduler:
         Earlier answers only, so nothing here looks at the tokens it will judge."""
         self.tracker = copy.deepcopy(earlier.tracker)
         self.realised = copy.deepcopy(earlier.realised)
+        self.own = copy.deepcopy(earlier.own)
         self._probe_after = earlier._probe_after
 
     def decide(
@@ -106,9 +110,11 @@ class VerifyScheduler:
         priced by its recent steps as verified (`RealisedSteps`), any other by its
         per-position rates. Estimates come from earlier steps only, so whether and with
         what to draft never depends on the tokens being judged. With several options
-        (stacked), the one that drafted last keeps drafting unless another is expected
-        `SWITCH_MARGIN` faster: the other's estimate is older, so a small edge is mostly
-        noise (under GPU-like prices switching on any edge made stacked 0.3% slower).
+        (stacked), they are compared by the tokens per second of their own last steps
+        (`OwnSteps`; by their price until they have a few), and the one that drafted last
+        keeps drafting unless another is expected `SWITCH_MARGIN` faster: the other's
+        estimate is older, so a small edge is mostly noise. Whether to draft at all is
+        then the chosen drafter's price's call.
 
         A skipped step teaches nothing about acceptance, so after a run of skips one probe
         draft of the most promising option is verified anyway (`PROBE_LENGTH` tokens). The
@@ -137,9 +143,15 @@ class VerifyScheduler:
                 length, rate = plan.length, plan.expected_rate
             rates.append(rate)
             lengths.append(length)
-        best = max(range(len(options)), key=lambda i: (rates[i], -i))
+        # several drafters: compared by their own last steps where they have enough of them
+        judged = []
+        for option, rate in zip(options, rates, strict=True):
+            paid = functools.partial(self._draft_cost, option.bucket)
+            own = self.own.rate(option.bucket, step_seconds=steps, draft_seconds=paid)
+            judged.append(rate if own is None else own)
+        best = max(range(len(options)), key=lambda i: (judged[i], -i))
         held = next((i for i, o in enumerate(options) if o.bucket == self._incumbent), None)
-        if held is not None and rates[best] < rates[held] * (1 + SWITCH_MARGIN):
+        if held is not None and judged[best] < judged[held] * (1 + SWITCH_MARGIN):
             best = held
         self._picked, self._planned = options[best], lengths[best]
         if rates[best] > 1.0 / steps[0]:
@@ -202,6 +214,8 @@ class VerifyScheduler:
         if verified == 0:  # a plain decoding step (`skipped`): no evidence, and not a probe
             return
         self.tracker.record(draft.bucket, verified, accepted)
+        drafted = draft.length if proposed is None else proposed
+        self.own.record(draft.bucket, drafted, draft.length, accepted + 1)
         self._incumbent = draft.bucket
         self.realised.fade()  # whichever drafter drafted: a stacked drafter's evidence ages
         if draft.confidence is not None and proposed is not None:  # probes too: they

@@ -12,11 +12,15 @@ replay decided every step as the bench did).
         --num-prompts 52 --out drafts.jsonl
     python benchmarks/replay_schedulers.py drafts.jsonl \\
         --check benchmarks/results/cpu-what-if-h200-prices.raw.txt
+
+The drafts recorded for the what-if bench's 52 Spec-Bench prompts and for 156 more (the
+next 12 per category) are in benchmarks/results/cpu-drafts-spec-bench-{52,156}.jsonl.gz.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,8 +71,12 @@ def print_table(table: Mapping, check: Mapping | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("traces", help="record_drafts.py's JSON lines")
+    parser.add_argument("traces", nargs="+", help="record_drafts.py's JSON lines (.gz too), "
+                        "replayed one after another")  # fmt: skip
     parser.add_argument("--preset", choices=sorted(PRESETS), default="h200-qwen3-8b")
+    parser.add_argument("--slope", type=float, help="verify cost per draft (override)")
+    parser.add_argument("--dflash", type=float, help="DFlash draft / AR step (override)")
+    parser.add_argument("--dspark", type=float, help="DSpark draft / AR step (override)")
     parser.add_argument("--check", help="a what-if bench run's output over the same prompts")
     parser.add_argument("--json", action="store_true", help="the table as JSON")
     args = parser.parse_args()
@@ -79,8 +87,16 @@ def main() -> None:
     from specgen.cli.common import quiet_libraries
 
     quiet_libraries()
-    traces = [json.loads(line) for line in open(args.traces, encoding="utf-8")]
+    traces = []
+    for path in args.traces:
+        opened = gzip.open(path, "rt") if path.endswith(".gz") else open(path)  # noqa: SIM115
+        with opened as lines:
+            rows = [json.loads(line) for line in lines]
+        traces += [r for r in rows if r["index"] >= 0 or not traces]  # one warm-up, first
     slope, dflash, dspark = PRESETS[args.preset]
+    slope = slope if args.slope is None else args.slope
+    dflash = dflash if args.dflash is None else args.dflash
+    dspark = dspark if args.dspark is None else args.dspark
     pipes = _pipelines("smollm2-135m", ",".join(METHODS), [], "cost", "cpu", "float32", None, True)
     pipes = priced_pipelines(pipes, slope, {"dflash": dflash, "dspark": dspark})
     results = replay(traces, {m: pipes[m] for m in METHODS})

@@ -27,7 +27,7 @@ PROBE_AFTER = 4  # skipped steps before the first probe draft (then doubling, se
 PROBE_LENGTH = 3  # drafts a probe verifies, whatever the estimates say
 PROBE_BUDGET = 0.02  # probes that teach nothing new cost at most this share of decoding
 SWITCH_MARGIN = 0.05  # another drafter must be expected this much faster to take over
-# (benchmarks/results/cpu-replay-stacked-selectors.txt: 0.03-0.08 alike, 0 and 0.1 worse)
+# (benchmarks/results/cpu-replay-stacked-selectors.txt: 0 and 0.1 did worse)
 
 
 class VerifyScheduler:

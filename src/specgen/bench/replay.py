@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specgen.bench.modeled import Shape
 from specgen.config import SamplingParams
 from specgen.drafting.base import Draft, empty_draft
 from specgen.engine.loop import cut, generate_speculative
@@ -30,8 +31,6 @@ from specgen.scheduling.scheduler import VerifyScheduler
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
-
-Shape = tuple[int, str | None, int, int, int]  # as GenStats.shapes
 
 
 class RecordingDrafter:
@@ -100,7 +99,6 @@ class Replayed:
     shapes: list[Shape] = field(default_factory=list)  # each step after the prefill
     steps: int = 1  # the prefill's step counts, as in τ
     accepted: int = 0
-    tokens: int = 0
 
 
 def replay_answer(
@@ -118,8 +116,8 @@ def replay_answer(
         raise ValueError("replay needs a scheduler that prices drafts (the cost policy)")
     answer, limit = trace["tokens"], trace["max_new_tokens"]
     stacked = method == "stacked"
-    out = Replayed(tokens=0 if answer[0] in stop_ids else 1)
-    finish = "stop" if answer[0] in stop_ids else ("length" if limit == 1 else None)
+    out = Replayed()
+    _, finish = cut(answer[:1], 0, limit, stop_ids)  # the prefill's token, as `prefill`
     produced, context = 1, trace["prompt_tokens"]
     while finish is None:
         room, name = limit - produced - 1, None
@@ -156,7 +154,6 @@ def replay_answer(
                            draft.length, len(tokens)))  # fmt: skip
         out.steps += 1
         out.accepted += accepted
-        out.tokens += len(tokens)
         context += 1 + accepted
         produced += len(tokens)
     return out

@@ -143,12 +143,7 @@ class VerifyScheduler:
                 length, rate = plan.length, plan.expected_rate
             rates.append(rate)
             lengths.append(length)
-        # several drafters: compared by their own last steps where they have enough of them
-        judged = []
-        for option, rate in zip(options, rates, strict=True):
-            paid = functools.partial(self._draft_cost, option.bucket)
-            own = self.own.rate(option.bucket, step_seconds=steps, draft_seconds=paid)
-            judged.append(rate if own is None else own)
+        judged = rates if len(options) == 1 else self._judged(options, rates, steps)
         best = max(range(len(options)), key=lambda i: (judged[i], -i))
         held = next((i for i, o in enumerate(options) if o.bucket == self._incumbent), None)
         if held is not None and judged[best] < judged[held] * (1 + SWITCH_MARGIN):
@@ -167,6 +162,18 @@ class VerifyScheduler:
         self._probe_next = True
         self._planned = PROBE_LENGTH
         return options[best].bucket
+
+    def _judged(
+        self, options: Sequence[DraftOption], rates: list[float], steps: list[float]
+    ) -> list[float]:
+        """Several drafters: each one's rate by its own last steps (`OwnSteps`), or by its
+        price until it has enough of them."""
+        judged = []
+        for option, rate in zip(options, rates, strict=True):
+            paid = functools.partial(self._draft_cost, option.bucket)
+            own = self.own.rate(option.bucket, step_seconds=steps, draft_seconds=paid)
+            judged.append(rate if own is None else own)
+        return judged
 
     def draft_length(self, room: int) -> int:
         """After `pick` chose to draft: how many tokens to draft, at most `room`. A drafter

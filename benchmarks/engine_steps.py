@@ -40,10 +40,10 @@ def _loop_seconds(
     device-resident loop (engine/resident.py), queued before the last one is read."""
     from specgen.config import SamplingParams
     from specgen.engine.ar import generate_ar
-    from specgen.engine.cuda_graphs import GraphedForward
     from specgen.engine.loop import generate_speculative
     from specgen.engine.overlap import overlapped
     from specgen.engine.resident import generate_resident
+    from specgen.models.graphs import GraphedForward
 
     cuda = target.device.type == "cuda"
     drafts = method.max_draft_tokens if method is not None else 0

@@ -66,9 +66,7 @@ def main() -> None:
 
     from specgen.cli.common import quiet_libraries
     from specgen.config import SpecConfig
-    from specgen.drafting import DRAFTERS
     from specgen.pipeline import Pipeline
-    from specgen.scheduling.cost import cached_costs
 
     quiet_libraries()
     base = Pipeline.load(args.model, dtype=args.dtype)
@@ -76,19 +74,7 @@ def main() -> None:
     for method in args.methods.split(","):
         policy = "full" if args.no_schedule else args.verify_policy
         spec = SpecConfig(method=method, drafter=drafters.get(method), verify_policy=policy)
-        loaded = DRAFTERS[method].load(base.model, spec, target_name=base.name)
-        costs = None
-        if spec.verify_policy.needs_costs:
-            costs = cached_costs(
-                base.model,
-                base.name,
-                loaded.max_draft_tokens,
-                method=loaded,
-                drafter_key=f"{method}|{spec.drafter}",
-            )
-        engines[method] = Pipeline(
-            base.model, base.codec, base.name, base.context, spec, costs, loaded
-        )
+        engines[method] = base.with_spec(spec)
     prompts = load_prompts(args.prompts, args.categories.split(","), args.num_prompts)
     run(base, base.encode("Hello"), 4)  # warm-up
 

@@ -1,16 +1,12 @@
 """The overlap engine against the plain loop, side by side on the same prompts.
 
     python benchmarks/overlap_vs_sync.py [--method ngram] [--num-prompts 8] [--live]
-                                         [--in-caller]
 
 Both engines run every prompt (order alternating); the caller's work per step is either
 nothing but collecting tokens, or (`--live`) rendering the live view into a terminal-like
 buffer, which is the host work the overlap engine hides. Prints tokens/s of each, their
-ratio, whether the tokens matched, and a JSON line.
-
-By default torch's work is offloaded to the compute thread first, as the CLI does on the
-CPU (engine/compute.py); `--in-caller` keeps it in this thread, as library use does, where
-the overlap engine's thread runs beside this thread's OpenMP team.
+ratio, whether the tokens matched, and a JSON line. On the CPU the overlap engine's thread
+runs torch beside this thread's OpenMP team, which is why `--engine auto` is sync there.
 """
 
 from __future__ import annotations
@@ -27,13 +23,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--live", action="store_true", help="render the live view per step")
-    parser.add_argument("--in-caller", action="store_true", help="do not offload torch work")
     args = parser.parse_args()
-
-    from specgen.engine import compute
-
-    if not args.in_caller:
-        compute.offload()
 
     from rich.console import Console
 
@@ -80,7 +70,7 @@ def main() -> None:
     print(f"overlap: {rates['overlap']:.2f} tok/s")
     print(f"ratio overlap/sync: {rates['overlap'] / rates['sync']:.3f}; "
           f"identical answers {same}/{len(prompts)}")  # fmt: skip
-    record = {"method": args.method, "live": args.live, "offloaded": compute.offloaded()}
+    record = {"method": args.method, "live": args.live}
     print(json.dumps({**record, "identical": same, **rates}))
 
 

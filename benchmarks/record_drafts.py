@@ -1,5 +1,5 @@
 """Record what each stacked drafter would propose at every position of AR's greedy answers
-(specgen/bench/replay.py), for benchmarks/replay_schedulers.py to judge schedulers on.
+(benchmarks/replay.py), for benchmarks/replay_schedulers.py to judge schedulers on.
 
 Each JSON line: the prompt's index, category, and `record`'s fields. The first line (index
 -1) is the bench's warm-up answer ("Hello", 8 tokens), whose scheduler the first prompt's
@@ -30,18 +30,21 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON lines, appended to")
     args = parser.parse_args()
 
-    from specgen.bench.replay import record
+    from replay import record
+
     from specgen.bench.suites import load_suite
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
-    from specgen.engine import compute
+    from specgen.cli.options import Run
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)
     if args.exclude_first:
         taken = {p.text for p in load_suite(args.suite, args.exclude_first)}
         prompts = [p for p in prompts if p.text not in taken]
-    pipe = _pipelines("smollm2-135m", "stacked", [], "full", "cpu", "float32", None, True)
+    pipe = _pipelines(
+        Run(device="cpu", dtype="float32", verify_policy="full", quiet=True), "stacked", []
+    )
     stacked = pipe["stacked"]
     jobs = [(-1, "warm-up", stacked.encode("Hello"), 8)]
     jobs += [(i, p.category, stacked.encode(p.text), args.max_new_tokens)
@@ -49,7 +52,7 @@ def main() -> None:
     with open(args.out, "a", encoding="utf-8") as out:
         for index, category, ids, limit in jobs:
             # in the compute thread: `_pipelines` left this one at one torch thread
-            traced = compute.call(record, stacked, ids, limit)
+            traced = record(stacked, ids, limit)
             row = {"index": index, "category": category, **traced}
             out.write(json.dumps(row) + "\n")
             out.flush()

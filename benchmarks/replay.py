@@ -13,6 +13,7 @@ that basis with a real `VerifyScheduler` deciding, and returns the steps' shapes
 judged over hundreds of answers in seconds where a bench run takes half an hour on the
 2-core CPU (benchmarks/record_drafts.py, benchmarks/replay_schedulers.py);
 tests/test_replay.py checks that a replay's steps are the real loop's.
+Research code, not part of the package: it imports specgen, never the other way round.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ import torch
 
 from specgen.bench.modeled import Shape
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft, empty_draft
-from specgen.engine.loop import cut, generate_speculative
+from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.drafting import Drafter
+from specgen.engine.answer import cut
+from specgen.engine.loop import generate_speculative
 from specgen.scheduling.scheduler import VerifyScheduler
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
 
 
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     """A stacked drafter's sub-drafters, each drafting its longest draft at every step;
     none is verified (the draft handed to the loop is empty, so it decodes plainly)."""
 
@@ -69,7 +72,7 @@ def record(stacked: Pipeline, ids: list[int], max_new_tokens: int) -> dict[str, 
     name, at position i (the anchor being tokens[i]) its longest draft, and the draft's
     confidences for a drafter that has them."""
     session = stacked.new_session()
-    recorder = RecordingDrafter(session.drafter, stacked.method.names)
+    recorder = RecordingDrafter(session.drafter, stacked.drafters)
     tokens, finish = [], None
     for event in generate_speculative(
         stacked.model,
@@ -105,7 +108,7 @@ def replay_answer(
     trace: Mapping[str, Any],
     method: str,
     names: Sequence[str],
-    options: Sequence[Any],
+    options: Sequence[DraftOption],
     scheduler: VerifyScheduler,
     stop_ids: frozenset[int],
 ) -> Replayed:
@@ -120,15 +123,8 @@ def replay_answer(
     _, finish = cut(answer[:1], 0, limit, stop_ids)  # the prefill's token, as `prefill`
     produced, context = 1, trace["prompt_tokens"]
     while finish is None:
-        room, name = limit - produced - 1, None
-        if room > 0:
-            bucket = scheduler.pick(options, context)
-            if bucket is None:
-                scheduler.skipped()
-                room = 0
-            else:
-                room = scheduler.draft_length(room)
-                name = names[bucket] if stacked else method
+        bucket, room = scheduler.plan(options, context, limit - produced - 1)
+        name = (names[bucket] if stacked else method) if room > 0 else None
         i = produced - 1  # the anchor is answer[i]; a draft would continue it
         proposal = empty_draft()
         if room > 0:
@@ -138,6 +134,7 @@ def replay_answer(
                 tokens=torch.tensor([trace["drafts"][name][i][:room]]),
                 confidence=None if confidence is None else torch.tensor([confidence[i][:room]]),
                 bucket=names.index(name) if stacked else 0,
+                source=name if stacked else None,
             )
         draft = scheduler.trim(proposal, context)
         verified = draft.tokens[0].tolist()
@@ -168,7 +165,7 @@ def replay(
     results = {}
     for method, pipe in pipes.items():
         drafter = pipe.new_session().drafter
-        names = getattr(pipe.method, "names", (method,))
+        names = pipe.drafters
         earlier, answers = None, []
         for trace in traces:
             scheduler = VerifyScheduler(pipe.spec.verify_policy, pipe.costs)

@@ -1,4 +1,4 @@
-"""The real verify schedulers replayed over recorded drafts (specgen/bench/replay.py),
+"""The real verify schedulers replayed over recorded drafts (benchmarks/replay.py),
 priced as a what-if bench run prices them (benchmarks/what_if_prices.py): modeled speedup
 over AR and τ per category for dflash, dspark and stacked, and stacked over the better of
 the two (issue 8's goal: at least 0.97 in every category, above 1 on the mixed suite).
@@ -34,7 +34,7 @@ def summary(traces: Sequence[Mapping[str, Any]], results: Mapping, prices) -> di
     """Per method and category (and "all"): τ and modeled speedup over AR."""
     from specgen.bench.modeled import modeled
 
-    step = prices.costs.seconds[0][0]  # AR: one token per plain step
+    step = prices.seconds[0][0]  # AR: one token per plain step
     cats = list(dict.fromkeys(t["category"] for t in traces if t["index"] >= 0))
     table: dict[str, dict[str, dict[str, float]]] = {}
     for method, answers in results.items():
@@ -81,10 +81,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="the table as JSON")
     args = parser.parse_args()
 
+    from replay import replay
+
     from specgen.bench.modeled import prices_of
-    from specgen.bench.replay import replay
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
+    from specgen.cli.options import Run
 
     quiet_libraries()
     traces = []
@@ -97,10 +99,10 @@ def main() -> None:
     slope = slope if args.slope is None else args.slope
     dflash = dflash if args.dflash is None else args.dflash
     dspark = dspark if args.dspark is None else args.dspark
-    pipes = _pipelines("smollm2-135m", ",".join(METHODS), [], "cost", "cpu", "float32", None, True)
+    pipes = _pipelines(Run(device="cpu", dtype="float32", quiet=True), ",".join(METHODS), [])
     pipes = priced_pipelines(pipes, slope, {"dflash": dflash, "dspark": dspark})
     results = replay(traces, {m: pipes[m] for m in METHODS})
-    table = summary(traces, results, prices_of(pipes))
+    table = summary(traces, results, prices_of(p.costs for p in pipes.values()))
     check = None
     if args.check:
         lines = open(args.check, encoding="utf-8").read().splitlines()

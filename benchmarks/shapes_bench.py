@@ -98,7 +98,7 @@ def build(target_cfg: dict, device: str, dtype: torch.dtype):
 def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -> dict:
     """Step time over T tokens through `GraphedForward`: replayed CUDA graphs on CUDA (the
     eager static path elsewhere), after a prefill of `context` random tokens."""
-    from specgen.engine.cuda_graphs import GraphedForward
+    from specgen.models.graphs import GraphedForward
 
     cache = target.new_cache(context + max(sizes) + 1)
     forward = GraphedForward(
@@ -148,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
-    from specgen.scheduling.cost import measure_costs, measure_draft_seconds
+    from specgen.engine.costs import measure_costs, measure_draft_seconds
 
     dtype = getattr(torch, args.dtype)
     contexts = tuple(int(c) for c in args.contexts.split(","))

@@ -74,8 +74,8 @@ def main() -> None:
 
     from specgen.cli.common import quiet_libraries
     from specgen.drafting.ngram import NgramMethod
+    from specgen.engine.costs import measure_costs, measure_draft_seconds
     from specgen.pipeline import Pipeline
-    from specgen.scheduling.cost import measure_costs, measure_draft_seconds
 
     quiet_libraries()
     pipe = Pipeline.load(args.model, dtype=args.dtype)

@@ -28,7 +28,6 @@ list was never recorded.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 PRESETS = {
     # slope per verified draft, DFlash draft, DSpark draft (ratios to an AR step)
@@ -37,39 +36,22 @@ PRESETS = {
 
 
 def priced_pipelines(pipes: dict, slope: float, drafts: dict[str, float]) -> dict:
-    """`pipes` with every cost table replaced by the price list (ratios times this
-    machine's measured plain step, so modeled tok/s keep plausible units)."""
-    from specgen.drafting.stacked import StackedMethod
-    from specgen.pipeline import Pipeline
+    """`pipes` deciding from the price list instead of their measured costs (ratios times
+    this machine's measured plain step, so modeled tok/s keep plausible units)."""
+    from specgen.scheduling.cost import CostTable
 
     measured = next(p.costs for p in pipes.values() if getattr(p, "costs", None))
     step = measured.seconds[0][0]
-    longest = measured.max_drafts
-    verify = tuple(step * (1 + slope * n) for n in range(longest + 1))
+    verify = tuple(step * (1 + slope * n) for n in range(measured.max_drafts + 1))
+    table = CostTable(
+        (measured.contexts[0],), (verify,), {n: (step * d,) for n, d in drafts.items()}
+    )
     out = {}
     for name, pipe in pipes.items():
         if pipe.costs is None:
             out[name] = pipe
             continue
-        method = pipe.method
-        if isinstance(method, StackedMethod):
-            seconds = [step * drafts[n] for n in method.names]
-            methods = zip(seconds, method.methods, strict=True)
-            by_length = [(s,) * m.max_draft_tokens for s, m in methods]
-            method = StackedMethod(method.names, method.methods, seconds, verify, by_length)
-            own = seconds[0]
-        else:
-            own = step * drafts[name]
-        table = replace(
-            pipe.costs,
-            contexts=(measured.contexts[0],),
-            seconds=(verify,),
-            draft_seconds=own,
-            draft_by_length=(own,) * method.max_draft_tokens,
-        )
-        out[name] = Pipeline(
-            pipe.model, pipe.codec, pipe.name, pipe.context, pipe.spec, table, method, pipe.source
-        )
+        out[name] = pipe.with_spec(pipe.spec, costs=table)
     return out
 
 
@@ -97,12 +79,13 @@ def main() -> None:
     from specgen.bench.suites import load_suite
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
+    from specgen.cli.options import Run
     from specgen.config import SamplingParams
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)
     names = ",".join(["ar", *args.methods.split(",")])
-    pipes = _pipelines("smollm2-135m", names, [], "cost", "cpu", "float32", None, True)
+    pipes = _pipelines(Run(device="cpu", dtype="float32", quiet=True), names, [])
     pipes = priced_pipelines(pipes, slope, drafts)
     result = run_bench(
         pipes, prompts, max_new_tokens=args.max_new_tokens, sampling=SamplingParams()

@@ -42,16 +42,6 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-@pytest.fixture(autouse=True)
-def _torch_work_back_in_the_caller():
-    """A CLI command offloads torch work to the compute thread (engine/compute.py) for the
-    rest of its process; in-process CLI tests give it back, so each test starts alike."""
-    yield
-    from specgen.engine import compute
-
-    compute.shutdown()
-
-
 def hf_config(family: str, **overrides):
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 

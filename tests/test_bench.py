@@ -277,11 +277,14 @@ def test_a_renewed_session_behaves_as_a_new_one(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_modeled_time_prices_each_step_from_the_cost_table():
-    from specgen.bench.modeled import Prices, modeled
+    from specgen.bench.modeled import modeled
     from specgen.scheduling.cost import CostTable
 
-    costs = CostTable(contexts=(100, 300), seconds=((1.0, 1.5, 2.0), (3.0, 3.5, 4.0)))
-    prices = Prices(costs, {"dflash": (0.1, 0.25), "dspark": (0.5,)})
+    prices = CostTable(
+        contexts=(100, 300),
+        seconds=((1.0, 1.5, 2.0), (3.0, 3.5, 4.0)),
+        drafts={"dflash": (0.1, 0.25), "dspark": (0.5,)},
+    )
     steps = [
         (100, None, 0, 0, 1),  # a plain decoding step: the forward over 1 token
         (200, "dflash", 2, 2, 3),  # halfway: forward over 3 tokens 3.0, 2 tokens drafted
@@ -310,7 +313,7 @@ def test_modeled_speedup_is_reported_next_to_the_measured_one():
 
 
 def test_each_decoding_step_is_recorded_for_pricing(tiny_llama):
-    from specgen.bench.modeled import Prices, modeled
+    from specgen.bench.modeled import modeled
     from specgen.scheduling.cost import CostTable
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
@@ -327,6 +330,6 @@ def test_each_decoding_step_is_recorded_for_pricing(tiny_llama):
         assert got == context and drafter in (None, "ngram")
         assert (drafter is None) == (drafted == 0) and verify <= drafted
         context += committed
-    flat = CostTable(contexts=(1,), seconds=((1.0,) * 16,))
-    tokens, seconds = modeled(shapes, Prices(flat, {"ngram": (0.0,)}))
+    flat = CostTable(contexts=(1,), seconds=((1.0,) * 16,), drafts={"ngram": (0.0,)})
+    tokens, seconds = modeled(shapes, flat)
     assert tokens == stats.new_tokens - 1 and seconds == len(shapes)

@@ -39,14 +39,11 @@ def test_generate_streams_the_answer(tiny_llama):
 
 
 def test_cuda_graph_flag_is_accepted_and_changes_nothing_on_the_cpu(tiny_llama, monkeypatch):
-    import importlib
+    from specgen.cli.options import Run
 
-    generate_cli = importlib.import_module("specgen.cli.generate")  # the module, not the command
     seen = []
-    load = generate_cli.load_pipeline
-    monkeypatch.setattr(
-        generate_cli, "load_pipeline", lambda *a, **k: seen.append(k["spec"]) or load(*a, **k)
-    )
+    load = Run.load
+    monkeypatch.setattr(Run, "load", lambda self, spec=None: seen.append(spec) or load(self, spec))
     outputs = []
     for flag in ("--cuda-graphs", "--no-cuda-graphs"):
         args = ("generate", "The quick brown fox", "--model", str(tiny_llama), "--json", flag)

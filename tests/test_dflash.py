@@ -155,7 +155,7 @@ def test_smaller_block_size_and_too_large_one(tiny_qwen3_deep, tiny_dflash):
     spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), block_size=4, verify_policy="full")
     pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
     out = pipe.generate("The quick brown fox", max_new_tokens=10)
-    assert out.stats.drafted <= 3 * out.stats.steps
+    assert out.stats.verified <= 3 * out.stats.steps
     with pytest.raises(SpecgenError, match="exceeds the block 8"):
         big = SpecConfig(method="dflash", drafter=str(tiny_dflash), block_size=16)
         Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=big)
@@ -178,7 +178,7 @@ def test_sampling_through_dflash_has_the_target_distribution(pipes, target):
     params = SamplingParams(temperature=1.0, top_k=4)
     text = "The quick brown fox"
     prompt = dflash.encode(text, raw=True)
-    from specgen.engine.sampling import probabilities
+    from specgen.verify.sampling import probabilities
 
     first = probabilities(
         target(torch.tensor([prompt]), target.new_cache(32)).logits[0, -1], params

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from conftest import chi_square_pvalue
-from specgen.config import SamplingParams
-from specgen.drafting.base import Draft
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.scheduling.calibration import (
+from specgen.config import SamplingParams, VerifyPolicy
+from specgen.draft import Draft
+from specgen.drafting.calibration import (
     Calibration,
     Step,
     ece,
@@ -20,8 +19,8 @@ from specgen.scheduling.calibration import (
     load_calibration,
     save_calibration,
 )
+from specgen.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
-from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.scheduling.verify_length import (
     choose_verify_length,

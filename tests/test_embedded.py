@@ -146,7 +146,6 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
     and the output must still be token-for-token the AR output."""
     from conftest import save_tiny_dflash
     from specgen.config import SpecConfig
-    from specgen.drafting.dflash import DFlashMethod
 
     path = save_tiny_dflash(
         tmp_path / "dflash",
@@ -162,14 +161,13 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
         scale=0.05,
     )
     spec = SpecConfig(method="dflash", drafter=str(path), verify_policy="full")
-    method = DFlashMethod.load(pipe.model, spec, target_name=pipe.name)
-    assert method.net.args.target_layer_ids == (15,)  # derived: one layer -> the middle
-    dflash = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, None, method)
+    dflash = pipe.with_spec(spec)
+    assert dflash.method.net.args.target_layer_ids == (15,)  # derived: one layer -> the middle
     for question in _questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = dflash.generate(question, max_new_tokens=24, session=dflash.new_session())
         assert got.token_ids == want.token_ids
-        assert got.stats.drafted > 0
+        assert got.stats.verified > 0
 
 
 @pytest.mark.parametrize("policy", ["full", "threshold=0.3"])
@@ -177,7 +175,6 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
     """A random DeepSpec-format drafter (Markov + confidence heads) for the default model."""
     from conftest import save_tiny_dspark
     from specgen.config import SpecConfig
-    from specgen.drafting.dspark import DSparkMethod
 
     path = save_tiny_dspark(
         tmp_path / "dspark",
@@ -193,15 +190,14 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
         scale=0.05,
     )
     spec = SpecConfig(method="dspark", drafter=str(path), verify_policy=policy)
-    method = DSparkMethod.load(pipe.model, spec, target_name=pipe.name)
-    dspark = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, None, method)
+    dspark = pipe.with_spec(spec)
     for question in _questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = dspark.generate(question, max_new_tokens=24, session=dspark.new_session())
         assert got.token_ids == want.token_ids
         assert got.stats.mean_confidence is not None
         if policy == "full":
-            assert got.stats.drafted > 0
+            assert got.stats.verified > 0
 
 
 @pytest.mark.parametrize("method", ["dflash", "dspark", "stacked"])

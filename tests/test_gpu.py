@@ -138,8 +138,8 @@ def test_eager_attention_skips_cudnn():
 
 def test_verify_costs_replay_the_step_graphs(cuda_ar, monkeypatch):
     """With graphs on, the verify costs are timed as the graph replays a session runs."""
-    from specgen.engine import cuda_graphs
-    from specgen.scheduling.cost import measure_costs
+    from specgen.engine.costs import measure_costs
+    from specgen.models import graphs as cuda_graphs
 
     replays = []
     real = cuda_graphs.GraphedForward.__call__

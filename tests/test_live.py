@@ -98,6 +98,7 @@ class _OracleMethod:
 
     def __init__(self, model):
         self.model = model
+        self.mounted = {"oracle": self}
 
     def new_drafter(self, capacity):
         from test_loop import OracleDrafter

@@ -6,22 +6,22 @@ import pytest
 import torch
 
 from conftest import FAMILIES
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.base import Draft, DraftOption, empty_draft
+from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.drafting.base import Drafter
 from specgen.drafting.ngram import NgramDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
 GREEDY = SamplingParams()
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Proposes exactly what the target would say greedily (drafter = target)."""
 
     taps: tuple[int, ...] = ()
@@ -87,15 +87,15 @@ def _spec(model, drafter, n, stop=frozenset(), capacity=128, params=GREEDY, sche
 def test_drafter_equal_to_target_gets_every_draft_accepted(model):
     tokens, events, _ = _spec(model, OracleDrafter(model, 4), 20)
     assert tokens == _ar(model, 20)
-    spec_steps = [e for e in events if e.drafted]
-    assert spec_steps and all(e.accepted == e.drafted for e in spec_steps)
-    assert all(len(e.tokens) == e.drafted + 1 for e in spec_steps)
+    spec_steps = [e for e in events if e.verified]
+    assert spec_steps and all(e.accepted == e.verified for e in spec_steps)
+    assert all(len(e.tokens) == e.verified + 1 for e in spec_steps)
 
 
 def test_rejections_still_give_the_greedy_output(model):
     tokens, events, _ = _spec(model, WrongDrafter(model, 5), 24)
     assert tokens == _ar(model, 24)
-    assert any(e.accepted < e.drafted for e in events)
+    assert any(e.accepted < e.verified for e in events)
 
 
 def test_stop_token_inside_an_accepted_run(model):
@@ -138,10 +138,10 @@ def test_scheduler_trims_without_changing_the_output(model):
     scheduler = VerifyScheduler(VerifyPolicy(), costs)
     tokens, events, _ = _spec(model, WrongDrafter(model, 4), 30, scheduler=scheduler)
     assert tokens == _ar(model, 30)
-    assert all(e.drafted <= costs.max_drafts for e in events)
+    assert all(e.verified <= costs.max_drafts for e in events)
 
 
-class HopelessDrafter:
+class HopelessDrafter(Drafter):
     """Always drafts `token`; offers itself to the cost scheduler, which then skips it."""
 
     taps: tuple[int, ...] = ()
@@ -165,14 +165,14 @@ class HopelessDrafter:
 def test_a_skipping_loop_probes_at_the_scheduler_pace(model):
     """The loop's skipped steps leave the estimates and the run of skips alone, so a
     drafter that never pays is probed 4, 8, 16, 32, 64 ... steps apart, not on a timer."""
-    costs = CostTable(contexts=(16,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
+    costs = CostTable(contexts=(16,), seconds=((1.0, 1.2, 1.5, 2.4),), drafts={"d": (0.5,)})
     scheduler = VerifyScheduler(VerifyPolicy(), costs)
     free = _ar(model, 160, capacity=256)
     never = min(set(range(model.args.vocab_size)) - set(free))
     tokens, events, _ = _spec(model, HopelessDrafter(never), 160, capacity=256, scheduler=scheduler)
     assert tokens == free
-    probes = [i for i, e in enumerate(events) if e.drafted]
-    assert all(events[i].drafted == PROBE_LENGTH for i in probes)
+    probes = [i for i, e in enumerate(events) if e.verified]
+    assert all(events[i].verified == PROBE_LENGTH for i in probes)
     gaps = [b - a - 1 for a, b in zip(probes[:-1], probes[1:], strict=True)]
     assert probes[0] == 1 + PROBE_AFTER and gaps[:4] == [8, 16, 32, 64], (probes, gaps)
 
@@ -213,17 +213,17 @@ def test_ngram_drafter_in_the_loop_reports_drafts(model):
             stop_ids=frozenset(),
         )
     )
-    assert sum(e.drafted for e in events) > 0
-    assert all(0 <= e.accepted <= e.drafted <= 6 for e in events)
+    assert sum(e.verified for e in events) > 0
+    assert all(0 <= e.accepted <= e.verified <= 6 for e in events)
 
 
 class PricedWrongDrafter(WrongDrafter):
     """WrongDrafter offering itself to the cost scheduler, with a draft time that grows with
     the tokens it drafts, and counting the tokens it was asked for."""
 
-    def __init__(self, model, k, by_length):
+    def __init__(self, model, k):
         super().__init__(model, k)
-        self.options = (DraftOption(seconds=by_length[-1], by_length=by_length),)
+        self.options = (DraftOption(),)
         self.asked: list[int] = []
 
     def propose(self, anchor, max_tokens, params=None, generator=None):
@@ -235,12 +235,15 @@ def test_a_drafter_without_confidences_drafts_only_what_is_verified(model):
     """Its verify length is settled before drafting, so it is asked for exactly that many
     tokens (the scheduler priced each length with its own draft time), and every one of
     them is verified; the output is still AR's."""
-    costs = CostTable(contexts=(16,), seconds=((1.0, 1.05, 1.1, 1.15, 1.2),), draft_seconds=0.4)
+    by_length = (0.1, 0.2, 0.3, 0.4)
+    costs = CostTable(
+        contexts=(16,), seconds=((1.0, 1.05, 1.1, 1.15, 1.2),), drafts={"d": by_length}
+    )
     scheduler = VerifyScheduler(VerifyPolicy(), costs)
-    drafter = PricedWrongDrafter(model, 4, (0.1, 0.2, 0.3, 0.4))
+    drafter = PricedWrongDrafter(model, 4)
     tokens, events, _ = _spec(model, drafter, 40, scheduler=scheduler)
     assert tokens == _ar(model, 40)
     drafted = [e for e in events if e.proposal]
-    assert drafted and all(len(e.proposal) == e.drafted for e in drafted)
+    assert drafted and all(len(e.proposal) == e.verified for e in drafted)
     assert sorted(set(drafter.asked)) != [4]  # not always the whole block
     assert [len(e.proposal) for e in drafted] == [k for k in drafter.asked if k]

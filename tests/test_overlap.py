@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specgen.config import SamplingParams, SpecConfig
-from specgen.engine.events import StepEvent
 from specgen.engine.overlap import overlapped
+from specgen.events import StepEvent
 from specgen.pipeline import Pipeline
 
 PROMPTS = ["The quick brown fox", "one two three one two three one two three one"]
@@ -28,7 +28,7 @@ def _specs(tiny_dflash, tiny_dspark):
 
 
 def _counters(stats):
-    return (stats.steps, stats.drafted, stats.accepted, stats.new_tokens, stats.finish_reason)
+    return (stats.steps, stats.verified, stats.accepted, stats.new_tokens, stats.finish_reason)
 
 
 @pytest.mark.parametrize("name", ["ar", "ngram", "dflash", "dspark"])

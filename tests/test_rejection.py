@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft
-from specgen.engine.sampling import probabilities
+from specgen.draft import Draft
 from specgen.verify import verify_draft
+from specgen.verify.sampling import probabilities
 
 VOCAB = 6
 DEPTH = 3  # compare the marginals of the first three generated tokens

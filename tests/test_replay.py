@@ -1,42 +1,40 @@
-"""Scheduler replay (bench/replay.py): over recorded drafts it takes the real loop's steps."""
+"""Scheduler replay (benchmarks/replay.py): over recorded drafts it takes the real loop's steps."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+import sys
 from pathlib import Path
 
 import pytest
 
-from specgen.bench.replay import record, replay
 from specgen.config import SpecConfig
 from specgen.pipeline import Pipeline
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # the replay is research code beside the benchmarks
+from replay import record, replay  # noqa: E402
+
 STEPS = tuple(1.0 + 0.01 * n for n in range(8))  # a GPU's prices: verifying is nearly free
 DRAFT = 0.1
-SAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
+SAMPLE = BENCHMARKS / "prompts" / "spec_bench_sample.jsonl"
 
 
 def _priced(ar: Pipeline, drafters: dict[str, str | None]) -> dict[str, Pipeline]:
     """dflash, dspark and stacked on `ar`'s target under the cost policy, deciding from fixed
     prices (not this machine's noisy measurement, so that every drafter gets to draft).
     `drafters`: each method's checkpoint (None: the registry's)."""
-    from specgen.drafting.stacked import StackedMethod
     from specgen.scheduling.cost import CostTable
 
-    costs = CostTable(contexts=(1,), seconds=(STEPS,), draft_seconds=DRAFT)
+    costs = CostTable(
+        contexts=(1,), seconds=(STEPS,), drafts={"dflash": (DRAFT,), "dspark": (DRAFT,)}
+    )
     both = None if None in drafters.values() else tuple(drafters.values())
     pipes = {}
     for method, drafter in (*drafters.items(), ("stacked", both)):
-        loaded = ar.with_spec(SpecConfig(method=method, drafter=drafter, verify_policy="full"))
-        spec = replace(loaded.spec, verify_policy="cost")
-        draft_method = loaded.method
-        if method == "stacked":
-            draft_method = StackedMethod(draft_method.names, draft_method.methods,
-                                         (DRAFT, DRAFT), STEPS)  # fmt: skip
-        pipes[method] = Pipeline(ar.model, ar.codec, ar.name, ar.context, spec, costs,
-                                 draft_method)  # fmt: skip
+        spec = SpecConfig(method=method, drafter=drafter, verify_policy="cost")
+        pipes[method] = ar.with_spec(spec, costs=costs)
     return pipes
 
 

@@ -11,28 +11,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.base import Draft, DraftOption
+from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.draft import Draft, DraftOption
+from specgen.drafting.base import ResidentDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.scheduling.policy import VerifyPolicy
 from specgen.scheduling.scheduler import VerifyScheduler
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
 GREEDY = SamplingParams()
 
 
-class AnswerKeyDrafter:
+class AnswerKeyDrafter(ResidentDrafter):
     """Drafts from a known token sequence (prompt + the target's greedy answer), with
     every `wrong`-th draft changed; serves both loops. Its only state is the context
     length, which the resident loop gives it on the device (read here: a test drafter)."""
 
     taps: tuple[int, ...] = ()
-    resident = True
 
     def __init__(self, sequence: list[int], draft_tokens: int = 4, wrong: int = 0) -> None:
         self.sequence, self.max_draft_tokens, self.wrong = sequence, draft_tokens, wrong
@@ -68,7 +67,7 @@ class AnswerKeyDrafter:
     def observe_at(self, taps, start):
         pass
 
-    def assume(self, length, committed=None):
+    def assume(self, length):
         self.length = length
         self.assumed.append(length)
 
@@ -166,13 +165,13 @@ def test_the_host_learns_each_steps_length_a_step_late(model):
 
 def test_the_cost_scheduler_deciding_a_step_late_keeps_the_output(model):
     key = PROMPT + _ar(model, 120, capacity=256)
-    costs = CostTable(contexts=(16,), seconds=((1.0, 1.1, 1.3, 1.6, 2.0),), draft_seconds=0.2)
+    costs = CostTable(contexts=(16,), seconds=((1.0, 1.1, 1.3, 1.6, 2.0),), drafts={"d": (0.2,)})
     for wrong in (0, 2, 1):
         scheduler = VerifyScheduler(VerifyPolicy(), costs)
         drafter = PricedAnswerKey(key, 4, wrong)
         events, _ = _run(generate_resident, model, drafter, 120, capacity=256, scheduler=scheduler)
         assert [t for e in events for t in e.tokens] == key[len(PROMPT) :]
-        assert scheduler._probes_out <= 1  # never two probes in flight
+        assert scheduler.probes.out <= 1  # never two probes in flight
 
 
 def test_closing_the_stream_leaves_the_caches_at_what_was_handed_over(model):
@@ -284,7 +283,8 @@ def test_sampling_in_the_resident_loop_has_the_target_distribution(
 
     _, loaded = _pipes(tiny_qwen3_deep, tiny_dflash, tiny_dspark, method, policy)
     # cheap verification: the untrained drafters' low estimates still earn verified slots
-    costs = CostTable(contexts=(1,), seconds=(tuple(1.0 + 0.02 * n for n in range(8)),))
+    steps = (tuple(1.0 + 0.02 * n for n in range(8)),)  # free drafts
+    costs = CostTable(contexts=(1,), seconds=steps, drafts={n: (0.0,) for n in loaded.drafters})
     pipe = Pipeline(loaded.model, loaded.codec, loaded.name, 64, loaded.spec, costs, loaded.method)
     text = "The quick brown fox"
     params = SamplingParams(temperature=1.0, top_k=3)
@@ -294,7 +294,7 @@ def test_sampling_in_the_resident_loop_has_the_target_distribution(
         sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)
         out = pipe.generate(text, raw=True, sampling=sampling, max_new_tokens=8, session=session)
         counts[out.token_ids[4]] += 1
-        verified += out.stats.drafted
+        verified += out.stats.verified
     assert verified > n  # drafts were really verified
     assert chi_square_pvalue(counts, exact.float()) > 1e-3
     shifted = exact.float().roll(1) * 0.25 + exact.float() * 0.75  # the test can tell

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specgen.config import SamplingParams
-from specgen.engine.sampling import make_generator, probabilities, sample
+from specgen.verify.sampling import make_generator, probabilities, sample
 
 
 def _transformers_probs(logits, params):

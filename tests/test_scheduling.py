@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.drafting.base import Draft
-from specgen.scheduling.acceptance import PRIOR_RATE, AcceptanceTracker
+from specgen.draft import Draft
+from specgen.scheduling.history import PRIOR_RATE, StepHistory
 from specgen.scheduling.verify_length import choose_verify_length, survival
 
 
@@ -45,21 +45,26 @@ def test_bad_inputs_are_refused(conditional, costs):
         choose_verify_length(conditional, step_seconds=costs)
 
 
+def _step(history: StepHistory, bucket: int, verified: int, accepted: int) -> None:
+    """A drafted step of `bucket`, all `verified` drafts verified, `accepted` accepted."""
+    history.record(bucket, proposed=verified, verified=verified, judged=verified, accepted=accepted)
+
+
 def test_tracker_starts_at_the_prior_and_learns():
-    tracker = AcceptanceTracker(max_positions=3)
+    tracker = StepHistory(positions=3)
     assert survival(tracker.rates(1, 2)) == pytest.approx([PRIOR_RATE, PRIOR_RATE**2])
     for _ in range(40):
-        tracker.record(1, verified=3, accepted=3)
-        tracker.record(2, verified=3, accepted=0)
+        _step(tracker, 1, verified=3, accepted=3)
+        _step(tracker, 2, verified=3, accepted=0)
     assert survival(tracker.rates(1, 3))[-1] > 0.8
     assert survival(tracker.rates(2, 1))[0] < 0.1
     assert survival(tracker.rates(3, 1)) == pytest.approx([PRIOR_RATE])  # an unseen bucket
 
 
 def test_only_positions_that_were_judged_count():
-    tracker = AcceptanceTracker(max_positions=4)
+    tracker = StepHistory(positions=4)
     for _ in range(50):
-        tracker.record(0, verified=4, accepted=1)  # position 3 and 4 were never judged
+        _step(tracker, 0, verified=4, accepted=1)  # position 3 and 4 were never judged
     rates = survival(tracker.rates(0, 4))
     assert rates[0] > 0.9 and rates[1] / rates[0] < 0.1
     # positions 3 and 4 keep the prior conditional rate: no evidence about them
@@ -67,12 +72,12 @@ def test_only_positions_that_were_judged_count():
 
 
 def test_unused_buckets_drift_back_to_the_prior():
-    tracker = AcceptanceTracker(max_positions=1)
+    tracker = StepHistory(positions=1)
     for _ in range(30):
-        tracker.record(5, verified=1, accepted=0)
+        _step(tracker, 5, verified=1, accepted=0)
     low = survival(tracker.rates(5, 1))[0]
     for _ in range(200):
-        tracker.record(6, verified=1, accepted=1)
+        _step(tracker, 6, verified=1, accepted=1)
     assert low < survival(tracker.rates(5, 1))[0] < PRIOR_RATE + 1e-9
 
 
@@ -89,23 +94,23 @@ def test_cost_table_interpolates_in_the_context():
 def test_measured_costs_are_cached(tiny_llama, monkeypatch):
     import torch
 
+    from specgen.engine import costs as cost
     from specgen.models.loading import load_target
-    from specgen.scheduling import cost
 
     model = load_target(tiny_llama, dtype=torch.float32, device="cpu")
-    first = cost.cached_costs(model, "tiny", 3)
+    first = cost.target_costs(model, "tiny", 3)
     assert first.max_drafts == 3 and all(s > 0 for row in first.seconds for s in row)
     monkeypatch.setattr(cost, "measure_costs", lambda *a, **k: pytest.fail("measured twice"))
-    assert cost.cached_costs(model, "tiny", 2) == first
+    assert cost.target_costs(model, "tiny", 2) == first
     # graphs only change how a CUDA session's steps run: on the CPU, the same table
-    assert cost.cached_costs(model, "tiny", 2, graphs=True) == first
+    assert cost.target_costs(model, "tiny", 2, graphs=True) == first
 
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflash, graphs):
     from specgen.config import SpecConfig
+    from specgen.engine import costs as cost
     from specgen.pipeline import Pipeline
-    from specgen.scheduling import cost
 
     seen = []
     real = cost.cached_costs
@@ -117,17 +122,17 @@ def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflas
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("specgen.pipeline.cached_costs", spy)
-        patch.setattr("specgen.drafting.stacked.cached_costs", spy)
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), cuda_graphs=graphs)
         ar.with_spec(spec)
     assert seen == [graphs]
 
 
 def test_drafting_is_skipped_only_when_no_verify_length_pays():
-    from specgen.scheduling.verify_length import drafting_rate
+    from specgen.scheduling.verify_length import best_draft
 
     def worth_drafting(conditional, *, step_seconds, draft_seconds) -> bool:
-        rate = drafting_rate(conditional, step_seconds=step_seconds, draft_seconds=draft_seconds)
+        plan = best_draft(conditional, step_seconds=step_seconds, draft_seconds=draft_seconds)
+        rate = plan.expected_rate
         return rate > 1.0 / step_seconds[0]  # beats a plain decoding step
 
     steps = [1.0, 1.2, 1.5, 2.4]
@@ -138,9 +143,9 @@ def test_drafting_is_skipped_only_when_no_verify_length_pays():
 
 
 def test_a_skipping_scheduler_probes_with_a_growing_interval():
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import (
         PROBE_AFTER,
         PROBE_BUDGET,
@@ -149,10 +154,10 @@ def test_a_skipping_scheduler_probes_with_a_growing_interval():
     )
 
     one = (DraftOption(),)
-    cheap = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
+    cheap = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), drafts={"d": (0.1,)})
     assert VerifyScheduler(VerifyPolicy.parse("cost"), cheap).pick(one, 100) == 0  # the prior
     # this CPU's costs: drafting pays only above the prior's acceptance, so only probes draft
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 2.4),), draft_seconds=0.5)
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 2.4),), drafts={"d": (0.5,)})
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     assert scheduler.prices_drafts
     draft = Draft(tokens=torch.zeros(1, 3, dtype=torch.long))
@@ -188,33 +193,37 @@ def test_a_skipping_scheduler_probes_with_a_growing_interval():
 
 
 def _history(scheduler, bucket: int, accepted: int, steps: int = 30) -> None:
-    """`steps` finished drafts of `bucket`, 4 verified, `accepted` of them accepted."""
+    """`steps` finished drafts of `bucket` (drafter "ab"[bucket]), 4 verified, `accepted`
+    of them accepted."""
     for _ in range(steps):
-        draft = Draft(tokens=torch.zeros(1, 4, dtype=torch.long), bucket=bucket)
+        draft = Draft(
+            tokens=torch.zeros(1, 4, dtype=torch.long), bucket=bucket, source="ab"[bucket]
+        )
         scheduler.record(draft, accepted)
 
 
 def test_the_scheduler_picks_the_faster_option_or_none():
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import VerifyScheduler
 
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.7, 2.0),), draft_seconds=0.0)
-    two = (DraftOption(0, seconds=0.3), DraftOption(1, seconds=0.9))
+    seconds = ((1.0, 1.2, 1.5, 1.7, 2.0),)
+    two = (DraftOption(0, source="a"), DraftOption(1, source="b"))
 
-    def picks(accepted_a: int, accepted_b: int, options=two) -> int | None:
+    def picks(accepted_a: int, accepted_b: int, drafts=(0.3, 0.9)) -> int | None:
+        costs = CostTable((100,), seconds, {"a": (drafts[0],), "b": (drafts[1],)})
         scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
         _history(scheduler, 0, accepted_a)
         _history(scheduler, 1, accepted_b)
-        return scheduler.pick(options, 100)
+        return scheduler.pick(two, 100)
 
     assert picks(4, 0) == 0
     assert picks(0, 4) == 1  # the slower drafter, when it is the one accepted
     assert picks(3, 3) == 0  # equal acceptance: the cheaper one
     assert picks(0, 0) is None  # neither pays: a plain step
     # the drafter's own time decides: drafter 1 at a third of the cost now wins
-    assert picks(3, 3, (DraftOption(0, seconds=0.9), DraftOption(1, seconds=0.3))) == 1
+    assert picks(3, 3, drafts=(0.9, 0.3)) == 1
 
 
 @pytest.mark.slow
@@ -225,11 +234,10 @@ def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
 
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     want = base.generate("The quick brown fox", raw=True, max_new_tokens=40).token_ids
-    full = base.with_spec(SpecConfig(drafter=str(tiny_dflash), verify_policy="full"))
     # a random drafter is rarely right, and here drafting costs as much as a verify step
-    costs = CostTable(contexts=(1,), seconds=((1.0,) + (1.1,) * 7,), draft_seconds=1.0)
+    costs = CostTable(contexts=(1,), seconds=((1.0,) + (1.1,) * 7,), drafts={"dflash": (1.0,)})
     spec = SpecConfig(drafter=str(tiny_dflash), verify_policy="cost", trace=True)
-    pipe = Pipeline(base.model, base.codec, base.name, base.context, spec, costs, full.method)
+    pipe = base.with_spec(spec, costs=costs)
     got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=40)
     assert got.token_ids == want
     trace = got.stats.trace[1:]
@@ -238,12 +246,12 @@ def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import VerifyScheduler
 
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), draft_seconds=0.1)
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),), drafts={"d": (0.1,)})
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     one = (DraftOption(),)
     low = Draft(tokens=torch.zeros(1, 3, dtype=torch.long), confidence=torch.full((1, 3), 0.01))
@@ -261,15 +269,15 @@ def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, 
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
-    assert pipe.new_session().scheduler.tracker.trials == {}  # nothing learnt yet: the prior
+    assert pipe.new_session().scheduler.history.buckets == {}  # nothing learnt yet: the prior
     first = pipe.new_session()
     pipe.generate("one two one two one two", max_new_tokens=40, session=first)
     learnt = first.scheduler
-    assert pipe.learnt is learnt and learnt.tracker.trials  # it drafted and recorded
+    assert pipe.learnt is learnt and learnt.history.buckets  # it drafted and recorded
     second = pipe.new_session()
-    assert second.scheduler.tracker.trials == learnt.tracker.trials
-    assert second.scheduler.tracker is not learnt.tracker  # a copy: sessions stay apart
-    assert second.scheduler._probe_after == learnt._probe_after
+    assert second.scheduler.history == learnt.history
+    assert second.scheduler.history is not learnt.history  # a copy: sessions stay apart
+    assert second.scheduler.probes.after == learnt.probes.after
     text = "The quick brown fox"
     want = ar.generate(text, max_new_tokens=30).token_ids
     assert pipe.generate(text, max_new_tokens=30, session=second).token_ids == want
@@ -282,13 +290,12 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
     give (1 + 3 x 0.5) / (0.5 + 1.8) = 1.09 tokens/s. Its steps as verified give
     (4 + 1) / ((0.5 + 1.8) + (0.5 + 1.0)) = 1.32. The other drafter, verified whole at
     rates [0.55, 1, 1], gives (1 + 3 x 0.55) / 2.3 = 1.15."""
-    from specgen.drafting.base import DraftOption
-    from specgen.scheduling.acceptance import RealisedSteps
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import VerifyScheduler
 
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.8),), draft_seconds=0.5)
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.8),), drafts={"d": (0.5,)})
     options = (DraftOption(0), DraftOption(1, confidences=True))
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     tokens = torch.zeros(1, 3, dtype=torch.long)
@@ -301,23 +308,24 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
             scheduler.record(sure, accepted=3, proposed=3)
         else:
             scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
-    rates = scheduler.tracker.rates(1, 3)  # (the prior, 0.6, pulls them in a little)
+    rates = scheduler.history.rates(1, 3)  # (the prior, 0.6, pulls them in a little)
     assert rates == pytest.approx([0.5, 0.92, 0.92], abs=0.03)
-    from specgen.scheduling.verify_length import drafting_rate
+    from specgen.scheduling.history import StepHistory
+    from specgen.scheduling.verify_length import best_draft
 
     by_rates = [
-        drafting_rate(scheduler.tracker.rates(b, 3), step_seconds=costs.seconds[0],
-                      draft_seconds=0.5)
+        best_draft(scheduler.history.rates(b, 3), step_seconds=costs.seconds[0],
+                   draft_seconds=0.5).expected_rate
         for b in (0, 1)
     ]  # fmt: skip
     assert by_rates[0] > by_rates[1]  # priced by its rates it would lose
     assert scheduler.pick(options, 100) == 1  # by its steps, not by its rates
-    realised = scheduler.realised.rate(1, step_seconds=costs.seconds[0], draft_seconds=0.5)
+    realised = scheduler.history.rate(1, step_seconds=costs.seconds[0], draft_seconds=0.5)
     assert realised == pytest.approx(5 / 3.8, rel=0.03)
     # a drafter without confidences keeps its per-position price; so does one not yet seen
-    assert scheduler.realised.rate(0, step_seconds=costs.seconds[0], draft_seconds=0.5) is None
-    fresh = RealisedSteps(3)
-    fresh.record(1, 3, 4)
+    assert scheduler.price(DraftOption(0), 100) == pytest.approx(by_rates[0])
+    fresh = StepHistory(3)
+    fresh.record(1, proposed=3, verified=3, judged=3, accepted=3)
     assert fresh.rate(1, step_seconds=costs.seconds[0], draft_seconds=0.5) is None  # 1 step
     # and by its steps, a confident drafter that keeps verifying nothing does not pay
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
@@ -331,29 +339,32 @@ def test_stacked_drafters_are_compared_by_their_own_last_steps():
     per second of its own last steps (OwnSteps), which the other drafter's steps do not
     fade. DSpark (confidences) drafted passably, then DFlash better, then DFlash worse than
     DSpark had: DSpark is tried again then, and not before."""
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import SWITCH_MARGIN, VerifyScheduler
 
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), draft_seconds=0.3)
-    options = (DraftOption(0), DraftOption(1, confidences=True))
+    drafts = {"dflash": (0.3,), "dspark": (0.3,)}
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), drafts=drafts)
+    options = (DraftOption(0, "dflash"), DraftOption(1, "dspark", confidences=True))
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     steps = costs.seconds[0]
     tokens = torch.zeros(1, 3, dtype=torch.long)
+    paid = lambda k: 0.3  # noqa: E731
     for _ in range(6):  # DSpark: 2 tokens per 1.33 s
-        scheduler.record(Draft(tokens=tokens, confidence=torch.full((1, 3), 0.9), bucket=1),
-                         accepted=1, proposed=3)  # fmt: skip
-    dspark = scheduler.own.rate(1, step_seconds=steps, draft_seconds=lambda k: 0.3)
+        confident = Draft(tokens=tokens, confidence=torch.full((1, 3), 0.9), bucket=1,
+                          source="dspark")  # fmt: skip
+        scheduler.record(confident, accepted=1, proposed=3)
+    dspark = scheduler.history.own_rate(1, step_seconds=steps, draft_cost=paid)
     assert dspark == pytest.approx(2 / 1.33)
-    plain = Draft(tokens=tokens, bucket=0)
+    plain = Draft(tokens=tokens, bucket=0, source="dflash")
     for _ in range(10):  # DFlash: 4 tokens per 1.33 s
         scheduler.record(plain, accepted=3)
     assert scheduler.pick(options, 100) == 0
     for i in range(30):  # DFlash worsens: 1 token per step
         scheduler.record(plain, accepted=0)
-        own = scheduler.own.rate(0, step_seconds=steps, draft_seconds=lambda k: 0.3)
-        assert scheduler.own.rate(1, step_seconds=steps, draft_seconds=lambda k: 0.3) == dspark
+        own = scheduler.history.own_rate(0, step_seconds=steps, draft_cost=paid)
+        assert scheduler.history.own_rate(1, step_seconds=steps, draft_cost=paid) == dspark
         expected = 1 if dspark > own * (1 + SWITCH_MARGIN) else 0
         assert scheduler.pick(options, 100) == expected, i
     assert expected == 1  # in the end DSpark drafts again
@@ -364,25 +375,26 @@ def test_the_drafter_drafting_keeps_drafting_unless_another_is_clearly_faster():
     favour is mostly noise; switching on it cost more than it won under GPU-like prices
     (benchmarks/results/cpu-replay-stacked-selectors.txt). The incumbent keeps drafting
     unless the other is expected SWITCH_MARGIN faster by their own last steps."""
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import SWITCH_MARGIN, VerifyScheduler
 
-    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), draft_seconds=0.3)
+    drafts = {"a": (0.3,), "b": (0.3,)}
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.01, 1.02, 1.03),), drafts=drafts)
     tokens = torch.zeros(1, 3, dtype=torch.long)
-    options = (DraftOption(0), DraftOption(1))
+    options = (DraftOption(0, "a"), DraftOption(1, "b"))
 
     def after(misses: tuple[int, ...]) -> tuple[int | None, float]:
         """Both drafted in turn, drafter 0 last; it missed where drafter 1 did not at
         `misses`. Returns the pick and drafter 1's expected rate over drafter 0's."""
         scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
         for i in range(40):
-            scheduler.record(Draft(tokens=tokens, bucket=1), accepted=1 if i % 2 else 3)
-            scheduler.record(Draft(tokens=tokens, bucket=0),
+            scheduler.record(Draft(tokens=tokens, bucket=1, source="b"), accepted=1 if i % 2 else 3)
+            scheduler.record(Draft(tokens=tokens, bucket=0, source="a"),
                              accepted=1 if i % 2 or i in misses else 3)  # fmt: skip
         rate = [
-            scheduler.own.rate(b, step_seconds=costs.seconds[0], draft_seconds=lambda k: 0.3)
+            scheduler.history.own_rate(b, step_seconds=costs.seconds[0], draft_cost=lambda k: 0.3)
             for b in (0, 1)
         ]
         return scheduler.pick(options, 100), rate[1] / rate[0]
@@ -394,9 +406,9 @@ def test_the_drafter_drafting_keeps_drafting_unless_another_is_clearly_faster():
 
 
 def test_draft_length_is_settled_before_drafting_from_per_length_costs():
-    from specgen.drafting.base import DraftOption
+    from specgen.config import VerifyPolicy
+    from specgen.draft import DraftOption
     from specgen.scheduling.cost import CostTable
-    from specgen.scheduling.policy import VerifyPolicy
     from specgen.scheduling.scheduler import PROBE_LENGTH, VerifyScheduler
     from specgen.scheduling.verify_length import best_draft, best_verify_length
 
@@ -412,8 +424,7 @@ def test_draft_length_is_settled_before_drafting_from_per_length_costs():
     assert best_verify_length(rates, step_seconds=steps, draft_seconds=0.5).length == 3
     assert best_verify_length([0.1], step_seconds=steps, draft_seconds=0.5).length == 0
 
-    costs = CostTable(contexts=(100,), seconds=(steps,), draft_seconds=0.9,
-                      draft_by_length=(0.2, 0.5, 0.9))  # fmt: skip
+    costs = CostTable(contexts=(100,), seconds=(steps,), drafts={"d": (0.2, 0.5, 0.9)})
     assert costs.draft_cost(1) == 0.2 and costs.draft_cost(9) == costs.draft_cost(0) == 0.9
     scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
     for _ in range(30):  # first drafts mostly accepted, later ones rarely

@@ -48,6 +48,6 @@ def test_unseeded_answers_still_start_from_what_was_learnt(ar, tiny_dspark):
     pipe = ar.with_spec(SpecConfig(method="dspark", drafter=str(tiny_dspark)))
     pipe.generate("The quick brown fox", max_new_tokens=24)
     learnt = pipe.learnt
-    assert learnt is not None and learnt.tracker.trials  # it recorded steps
+    assert learnt is not None and learnt.history.buckets  # it recorded steps
     session = pipe.new_session()
-    assert session.scheduler.tracker == learnt.tracker
+    assert session.scheduler.history == learnt.history

@@ -1,4 +1,4 @@
-"""The stacked pipeline: both drafters on one target, a pure selector, exact output."""
+"""The stacked pipeline: both drafters on one target, one chooser, exact output."""
 
 from __future__ import annotations
 
@@ -10,53 +10,67 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.draft import Draft, DraftOption
 from specgen.errors import CheckpointError, SpecgenError
 from specgen.pipeline import Pipeline
-from specgen.scheduling.selector import DrafterRecord, choose_drafter, record_step
+from specgen.scheduling.cost import CostTable
+from specgen.scheduling.scheduler import VerifyScheduler
 
 runner = CliRunner()
-COSTS = {"draft_seconds": (0.5, 0.5), "step_seconds": (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)}
+STEPS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)
+OPTIONS = (DraftOption(0, "dflash"), DraftOption(1, "dspark"))
 
 
-def test_selector_tries_each_drafter_first():
-    records = (DrafterRecord(), DrafterRecord())
-    assert choose_drafter(records, step=1, **COSTS) == 0
-    records = record_step(records, 0, 1, committed=2, proposed=4)
-    assert choose_drafter(records, step=2, **COSTS) == 1
+def _chooser(policy: str, drafts=(0.5, 0.5)) -> VerifyScheduler:
+    """Stacked's scheduler under `policy`, with these draft times (AR steps)."""
+    prices = {"dflash": (drafts[0],), "dspark": (drafts[1],)}
+    return VerifyScheduler(VerifyPolicy.parse(policy), CostTable((1,), (STEPS,), prices))
 
 
-def _history(tokens_a, tokens_b, steps=12):
-    records = (DrafterRecord(), DrafterRecord())
+def _history(scheduler: VerifyScheduler, tokens_a: int, tokens_b: int, steps: int = 12) -> None:
+    """Drafters 0 and 1 drafted in turn, 4 tokens each, committing `tokens_a`/`tokens_b`."""
     for s in range(steps):
-        records = record_step(records, s % 2, s, tokens_a if s % 2 == 0 else tokens_b, 4)
-    return records, steps
+        chosen = s % 2
+        draft = Draft(
+            torch.zeros(1, 4, dtype=torch.long), bucket=chosen, source=OPTIONS[chosen].source
+        )
+        scheduler.record(draft, accepted=(tokens_a if chosen == 0 else tokens_b) - 1)
 
 
-def test_selector_prefers_more_tokens_per_second():
-    records, step = _history(tokens_a=4, tokens_b=1)
-    assert choose_drafter(records, step=step, **COSTS) == 0
-    records, step = _history(tokens_a=1, tokens_b=4)
-    assert choose_drafter(records, step=step, **COSTS) == 1
+@pytest.mark.parametrize("policy", ["full", "threshold=0.5", "cost"])
+def test_one_chooser_prefers_more_tokens_per_second_under_every_policy(policy):
+    """Under every policy stacked's drafter is chosen the same way: by the tokens per
+    second of each drafter's own recent steps at its own draft time."""
+    scheduler = _chooser(policy)
+    _history(scheduler, tokens_a=4, tokens_b=1)
+    assert scheduler.plan(OPTIONS, 1, 4)[0] == 0
+    scheduler = _chooser(policy)
+    _history(scheduler, tokens_a=1, tokens_b=4)
+    assert scheduler.plan(OPTIONS, 1, 4)[0] == 1
     # equal acceptance: the cheaper drafter wins
-    records, step = _history(tokens_a=3, tokens_b=3)
-    costs = {**COSTS, "draft_seconds": (0.9, 0.2)}
-    assert choose_drafter(records, step=step, **costs) == 1
+    scheduler = _chooser(policy, drafts=(0.9, 0.2))
+    _history(scheduler, tokens_a=3, tokens_b=3)
+    assert scheduler.plan(OPTIONS, 1, 4)[0] == 1
 
 
-def test_selector_explores_a_drafter_left_idle():
-    records, step = _history(tokens_a=4, tokens_b=1)
-    for s in range(step, step + 16):
-        assert choose_drafter(records, step=s, **COSTS) == 0
-        records = record_step(records, 0, s, 4, 4)
-    assert choose_drafter(records, step=step + 16, **COSTS) == 1  # not tried for 17 steps
+def test_only_the_cost_policy_skips_drafting():
+    for policy in ("full", "threshold=0.5"):
+        scheduler = _chooser(policy, drafts=(2.0, 2.0))  # drafting never pays here
+        _history(scheduler, tokens_a=1, tokens_b=1)
+        assert scheduler.plan(OPTIONS, 1, 4)[1] == 4  # every step drafts, all of it
+    scheduler = _chooser("cost", drafts=(2.0, 2.0))
+    _history(scheduler, tokens_a=1, tokens_b=1)
+    assert scheduler.plan(OPTIONS, 1, 4) == (0, 0)  # a plain decoding step
 
 
 def test_recent_steps_weigh_more():
-    records = (DrafterRecord(), DrafterRecord())
+    scheduler = _chooser("full")
     for s in range(30):
-        records = record_step(records, 0, s, 5 if s < 15 else 1, 4)
-    assert records[0].expected_tokens() < 2.0  # the last 15 steps were poor
+        draft = Draft(torch.zeros(1, 4, dtype=torch.long), bucket=0, source="dflash")
+        scheduler.record(draft, accepted=4 if s < 15 else 0)
+    rate = scheduler.history.own_rate(0, step_seconds=STEPS, draft_cost=lambda k: 0.5)
+    assert rate * (0.5 + STEPS[4]) < 3.0  # the last 15 steps were poor (1 token each)
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +87,10 @@ def _stacked(tiny_qwen3_deep, a, b, policy="cost", **kw):
 def _priced(loaded: Pipeline, ar: Pipeline, draft: float, steps: tuple[float, ...]) -> Pipeline:
     """`loaded` (stacked) deciding from fixed prices, not this machine's measured ones:
     each draft `draft`, verifying n drafts steps[n]."""
-    from specgen.drafting.stacked import StackedMethod
-    from specgen.scheduling.cost import CostTable
-
-    method = StackedMethod(loaded.method.names, loaded.method.methods, (draft, draft), steps)
-    costs = CostTable(contexts=(1,), seconds=(steps,), draft_seconds=draft)
-    return Pipeline(ar.model, ar.codec, ar.name, ar.context, loaded.spec, costs, method)
+    costs = CostTable(
+        contexts=(1,), seconds=(steps,), drafts={n: (draft,) for n in loaded.drafters}
+    )
+    return ar.with_spec(loaded.spec, costs=costs)
 
 
 @pytest.mark.parametrize("policy", ["cost", "full"])
@@ -120,7 +132,7 @@ def test_each_drafter_drafts_as_if_it_had_drafted_every_step(
         log: list[tuple[int, list[int]]] = []
 
         def propose(self, anchor, max_tokens, params, generator, shadow=shadow, log=log):
-            chosen = (self.step + 1) % 2
+            chosen = (len(log) + 1) % 2
             if shadow:
                 self.drafters[1 - chosen].propose(anchor, max_tokens, params, generator)
             self.select(chosen)

@@ -5,7 +5,8 @@ Public API:
     Pipeline.generate(prompt, ...) -> Completion
     Pipeline.stream(prompt, ...) -> Iterator[Chunk]
     SamplingParams(temperature, top_k, top_p, seed)
-    SpecConfig(method="ar" | "ngram" | "dflash" | "dspark", drafter, verify_policy, ...)
+    SpecConfig(method="ar" | "ngram" | "dflash" | "dspark" | "stacked", drafter, ...)
+    Pipeline.with_spec(spec) -> another method on the same loaded target
 """
 
 from specgen.config import ModelArgs, SamplingParams, SpecConfig

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.errors import CheckpointError, SpecgenError
-from specgen.scheduling.policy import VerifyPolicy
 
 # model_type -> family. The family decides which projections carry biases and whether the
 # attention has per-head q/k RMSNorm; everything else is read from the config itself.
@@ -156,6 +155,46 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+VERIFY_POLICIES = ("cost", "full", "threshold")  # --verify-policy (see VerifyPolicy)
+
+
+@dataclass(frozen=True)
+class VerifyPolicy:
+    """`--verify-policy`: how the verify length of each step is chosen. `cost` (default):
+    the length with the best expected tokens per second, from the drafter's confidences
+    (or acceptance learnt from earlier steps) and measured costs; `full`: every draft
+    token; `threshold=X`: while each slot's acceptance estimate c_j >= X (DeepSpec's rule).
+    """
+
+    kind: str = "cost"
+    threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in VERIFY_POLICIES:
+            raise SpecgenError(f"--verify-policy must be cost, full or threshold=X (got {self})")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise SpecgenError(f"--verify-policy threshold must be in [0, 1] (got {self})")
+
+    @classmethod
+    def parse(cls, text: str) -> VerifyPolicy:
+        name, sep, value = text.strip().partition("=")
+        if name == "threshold" and sep:
+            try:
+                return cls("threshold", float(value))
+            except ValueError:
+                pass
+        elif not sep and name in ("cost", "full"):
+            return cls(name)
+        raise SpecgenError(f"--verify-policy must be cost, full or threshold=X (got {text!r})")
+
+    @property
+    def needs_costs(self) -> bool:
+        return self.kind == "cost"
+
+    def __str__(self) -> str:
+        return f"threshold={self.threshold:g}" if self.kind == "threshold" else self.kind
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Which decoding method runs, and its drafting knobs.
@@ -170,13 +209,13 @@ class SpecConfig:
     token) or "threshold=X" (while each token's acceptance estimate is >= X); a string or
     a `VerifyPolicy`.
     `trace` records every step (draft, verify length, accepted, bonus) in the stats.
-    `engine` is "overlap" (decoding in a compute thread, one or two steps ahead of the
+    `engine` is "overlap" (decoding in a thread of its own, one or two steps ahead of the
     caller's detokenizing and rendering; on CUDA a block drafter's steps also keep their
     state on the device, so each step is queued before the host reads the one before,
     engine/resident.py), "sync" (the plain loop) or "auto" (overlap on CUDA, sync on the
     CPU, where torch runs slower from a second thread). Greedy output is the same.
     `cuda_graphs` replays the target's decode and verify steps as CUDA graphs on a CUDA
-    device (engine/cuda_graphs.py); False keeps the eager forward. Ignored on the CPU.
+    device (models/graphs.py); False keeps the eager forward. Ignored on the CPU.
     """
 
     method: str = "ar"

@@ -20,7 +20,7 @@ from rich.table import Table
 from specgen.stats import GenStats
 
 if TYPE_CHECKING:
-    from specgen.scheduling.calibration import CalibrationFit
+    from specgen.drafting.calibration import CalibrationFit
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -1,4 +1,8 @@
-"""What a decoding loop reports to its caller, one event per step."""
+"""What a decoding loop reports to its caller, one event per step (the first is the
+prefill's). Words: the drafter *proposes* tokens (`proposal`); the scheduler sends some of
+them to verification (`verified`, the verify length); the target *accepts* a leading run
+of those and adds its own *bonus* token; the step *commits* the accepted drafts and the
+bonus, cut at a stop token or the token limit (`tokens`)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ FINISH_REASONS = ("stop", "length", "context")
 @dataclass(frozen=True)
 class StepEvent:
     tokens: tuple[int, ...]  # committed this step, already cut at a stop token
-    drafted: int = 0  # draft tokens sent to verification (the verify length; 0 for AR)
+    verified: int = 0  # draft tokens sent to verification (the verify length; 0 for AR)
     accepted: int = 0  # of those, how many the target accepted
     finish: str | None = None  # set on the last event: one of FINISH_REASONS
     proposal: tuple[int, ...] = ()  # what the drafter proposed, before any trimming

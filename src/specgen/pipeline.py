@@ -12,36 +12,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting import DRAFTERS, method_of
-from specgen.drafting.base import DraftMethod
-from specgen.engine import compute
-from specgen.engine.ar import generate_ar
-from specgen.engine.events import StepEvent
-from specgen.engine.loop import generate_speculative
-from specgen.engine.overlap import overlapped
-from specgen.engine.resident import generate_resident, resident_ready
+from specgen.device import resolve_device, resolve_dtype
+from specgen.drafting import DRAFTERS, Checkpoint, DraftMethod, method_of
+from specgen.engine.costs import cached_costs
+from specgen.engine.run import decode
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
+from specgen.events import StepEvent
 from specgen.hub import Notify, resolve_drafter, resolve_model
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
 from specgen.registry import DEFAULT_ALIAS, MODELS
-from specgen.scheduling.cost import CostTable, cached_costs
+from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.stats import GenStats
 from specgen.text import Detokenizer, TextCodec
-
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 
 METHODS = ("ar", *DRAFTERS)  # what --method accepts: plain decoding + registered drafters
 
@@ -79,26 +65,6 @@ class Completion:
         return record
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecgenError(f"--device {device}: this torch build sees no CUDA GPU")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise SpecgenError(f"--device must be auto, cpu or cuda[:N] (got {device!r})")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        # bf16 halves the bytes a GPU step reads; on CPUs without bf16 matmul units it is
-        # slower than fp32 (benchmarks/ar_vs_transformers.py measures both).
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if dtype not in DTYPES:
-        raise SpecgenError(f"--dtype must be one of auto, {', '.join(DTYPES)} (got {dtype!r})")
-    return DTYPES[dtype]
-
-
 def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     """The method exists; given drafters name their method; a method that needs drafters
     has them (the registry's for `model` when none were given)."""
@@ -115,23 +81,37 @@ def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     if spec.method == "ar":
         return spec
     cls = DRAFTERS[spec.method]
-    given = spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
-    if spec.drafter is not None and len(given) != cls.drafters_needed:
+    if spec.drafter is not None and len(_sources(spec)) != cls.drafters_needed:
         raise SpecgenError(
-            f"--method {spec.method} takes {cls.drafters_needed} --drafter, got {len(given)}"
+            f"--method {spec.method} takes {cls.drafters_needed} --drafter, "
+            f"got {len(_sources(spec))}"
         )
     if spec.drafter is not None or not cls.needs_drafter:
         return spec
     entry = MODELS.get(model.lower())
-    drafter = None
-    if entry is not None:  # a method mounting several checkpoints picks them itself
-        pick = getattr(cls, "registry_drafter", None)
-        drafter = pick(entry.drafters) if pick else entry.drafters.get(spec.method)
+    drafter = None if entry is None else cls.registry_drafter(entry.drafters)
     if drafter is None:
         raise SpecgenError(
             f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
         )
     return replace(spec, drafter=drafter)
+
+
+def _sources(spec: SpecConfig) -> tuple[str, ...]:
+    """The drafter checkpoints `spec` names (none, one, or a tuple of them)."""
+    if spec.drafter is None:
+        return ()
+    return spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
+
+
+def load_method(
+    target: Transformer, spec: SpecConfig, target_name: str, notify: Notify | None = None
+) -> DraftMethod:
+    """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
+    checkpoints = [Checkpoint(resolve_drafter(s), s) for s in _sources(spec)]
+    return DRAFTERS[spec.method].load(
+        target, spec, checkpoints, target_name=target_name, notify=notify
+    )
 
 
 class Pipeline:
@@ -146,20 +126,20 @@ class Pipeline:
         method: DraftMethod | None = None,
         source: str | None = None,
     ) -> None:
-        """Usually made by `load`. `costs` (measured verify and draft times) is what the
-        "cost" verify policy needs; without it every draft is verified whole. `method` is
-        the loaded draft method (loaded here from `spec` when not given)."""
+        """Usually made by `load` and `with_spec`. `costs` (measured verify and draft
+        times) is what the "cost" verify policy and a choice among several drafters need;
+        without it every draft is verified whole. `method` is the loaded draft method
+        (loaded here from `spec` when not given)."""
         self.model = model
         self.codec = codec
         self.name = name
         self.context = context
-        self.spec = spec or SpecConfig()
-        if self.spec.method not in METHODS:
-            raise SpecgenError(
-                f"unknown method {self.spec.method!r}; available: {', '.join(METHODS)}"
-            )
-        if method is None and self.spec.method != "ar":
-            method = DRAFTERS[self.spec.method].load(model, self.spec, target_name=name)
+        spec = spec or SpecConfig()
+        if method is None:
+            spec = _checked_spec(spec, name)
+            if spec.method != "ar":
+                method = load_method(model, spec, name)
+        self.spec = spec
         self.method = method
         self.costs = costs
         self.source = source or name  # where the target came from (cost-table key)
@@ -168,7 +148,6 @@ class Pipeline:
         self.session = self.new_session()
 
     @classmethod
-    @compute.runs_there
     def load(
         cls,
         model: str = DEFAULT_ALIAS,
@@ -202,43 +181,41 @@ class Pipeline:
         base = cls(target, codec, resolved.name, context, ar, source=str(resolved.path))
         return base if ar is not None else base.with_spec(spec, notify=notify)
 
-    @compute.runs_there
-    def with_spec(self, spec: SpecConfig, *, notify: Notify | None = None) -> Pipeline:
+    def with_spec(
+        self,
+        spec: SpecConfig,
+        *,
+        notify: Notify | None = None,
+        costs: CostTable | None = None,
+    ) -> Pipeline:
         """Another decoding method on this pipeline's loaded target (weights are shared;
-        sessions are not). Loads the drafter and, for the cost policy, the cost table."""
+        sessions are not). Loads the drafter and, where the policy or a choice among
+        drafters needs them, the measured costs; `costs` given instead (fixed prices for
+        tests, another machine's for what-if runs) are used as they are, for the drafters
+        this method mounts."""
         spec = _checked_spec(spec, self.name)
         if spec.method == "ar":
             return Pipeline(
                 self.model, self.codec, self.name, self.context, spec, source=self.source
             )
-        method = DRAFTERS[spec.method].load(self.model, spec, target_name=self.name, notify=notify)
-        costs = None
-        if spec.verify_policy.needs_costs:
-            drafter_key = f"{spec.method}|{spec.drafter}|{spec.block_size}|{spec.draft_tokens}"
-            costs = cached_costs(
-                self.model,
-                f"{self.name}|{self.source}",
-                method.max_draft_tokens,
-                notify,
-                method=method,
-                drafter_key=drafter_key,
-                graphs=spec.cuda_graphs,
-            )
+        method = load_method(self.model, spec, self.name, notify)
+        if costs is not None:
+            costs = replace(costs, drafts={n: costs.drafts[n] for n in method.mounted})
+        elif spec.verify_policy.needs_costs or len(method.mounted) > 1:
+            key = f"{self.name}|{self.source}"
+            costs = cached_costs(self.model, key, method, notify, graphs=spec.cuda_graphs)
         return Pipeline(
             self.model, self.codec, self.name, self.context, spec, costs, method, self.source
         )
 
     @property
     def overlaps(self) -> bool:
-        """Whether decoding runs in the overlap engine's compute thread. "auto" overlaps on
-        CUDA, and on the CPU when the caller has offloaded its torch work to the compute
-        thread (`engine/compute.py`; the CLI does): otherwise the compute thread's OpenMP
-        kernels run ~1.5x slower beside the caller's idle team, which outweighs the host
-        work hidden."""
-        engine = self.spec.engine
-        if engine != "auto":
-            return engine == "overlap"
-        return self.model.device.type == "cuda" or compute.offloaded()
+        """Whether decoding runs in the overlap engine's thread: "auto" overlaps on CUDA
+        only. On the CPU torch's kernels run slower from a second thread than from the one
+        that formed its thread team, and nothing measurable is gained (docs/results.md)."""
+        if self.spec.engine != "auto":
+            return self.spec.engine == "overlap"
+        return self.model.device.type == "cuda"
 
     @property
     def resident_steps(self) -> bool:
@@ -247,7 +224,6 @@ class Pipeline:
         every op finishes before it returns, so there is nothing to queue ahead."""
         return self.overlaps and self.model.device.type == "cuda"
 
-    @compute.runs_there
     def new_session(self) -> Session:
         """A fresh KV cache (and drafter state), e.g. for an independent chat."""
         graphs = self.spec.cuda_graphs and self.model.device.type == "cuda"
@@ -266,23 +242,23 @@ class Pipeline:
         return session
 
     def _scheduler(self, *, learn: bool = True) -> VerifyScheduler | None:
-        policy = self.spec.verify_policy
-        if policy.kind != "full" and (self.costs is not None or not policy.needs_costs):
-            scheduler = VerifyScheduler(policy, self.costs)
-            if learn and self.learnt is not None:
-                scheduler.learn_from(self.learnt)
-            return scheduler
-        return None  # every draft verified whole
+        """The scheduler a new answer starts with (from what the last one learnt unless
+        `learn` is False); None when every draft is verified whole and there is no choice
+        of drafter to make."""
+        policy, several = self.spec.verify_policy, len(self.drafters) > 1
+        if (policy.kind == "full" and not several) or (self.costs is None and (
+            policy.needs_costs or several
+        )):  # fmt: skip
+            return None
+        scheduler = VerifyScheduler(policy, self.costs)
+        if learn and self.learnt is not None:
+            scheduler.learn_from(self.learnt)
+        return scheduler
 
-    def _forget_learnt(self, session: Session) -> None:
-        """A seeded answer depends on its conversation and its seed alone, not on what was
-        asked before: how many drafts are verified (the scheduler) and which drafter drafts
-        (stacked's selector) decide which of the generator's draws fall on which token, so
-        both start from their priors instead of from what earlier answers learnt."""
-        session.scheduler = self._scheduler(learn=False)
-        forget = getattr(session.drafter, "forget", None)  # drafters that adapt per answer
-        if forget is not None:
-            forget()
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The names of the drafters this pipeline drafts with (none for AR)."""
+        return () if self.method is None else tuple(self.method.mounted)
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
@@ -322,92 +298,38 @@ class Pipeline:
             raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
-        params, stop_ids = sampling or SamplingParams(), self.codec.stop_ids
+        params = sampling or SamplingParams()
         if session.drafter is not None and params.seed is not None and not params.greedy:
-            self._forget_learnt(session)
+            # a seeded answer depends on its conversation and seed alone: how many drafts
+            # are verified and which drafter drafts decide which draws fall on which token,
+            # so the scheduler starts from its prior, not from what earlier answers learnt
+            session.scheduler = self._scheduler(learn=False)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        stats.method = self.spec.method
+        stats.trace = [] if self.spec.trace else None
         if session.drafter is not None:
-            policy = session.scheduler.policy if session.scheduler else "full"
-            stats.verify_policy = str(policy)
-        if self.spec.trace:
-            stats.trace = []
+            stats.verify_policy = str(session.scheduler.policy if session.scheduler else "full")
+        events = decode(
+            session,
+            new_ids,
+            params=params,
+            max_new_tokens=max_new_tokens,
+            stop_ids=self.codec.stop_ids,
+            overlap=self.overlaps,
+            resident=self.resident_steps,
+        )
         detok = Detokenizer(self.codec)
         output: list[int] = []
-        if session.drafter is None:
-
-            def make_events() -> Iterator[StepEvent]:
-                return generate_ar(
-                    session.forward,
-                    session.cache,
-                    new_ids,
-                    params=params,
-                    max_new_tokens=max_new_tokens,
-                    stop_ids=stop_ids,
-                )
-        else:
-            resident = self.resident_steps and resident_ready(session.drafter)
-            loop = generate_resident if resident else generate_speculative
-
-            def make_events() -> Iterator[StepEvent]:
-                return loop(
-                    session.forward,
-                    session.cache,
-                    session.drafter,
-                    new_ids,
-                    params=params,
-                    max_new_tokens=max_new_tokens,
-                    stop_ids=stop_ids,
-                    scheduler=session.scheduler,
-                )
-
-        if self.overlaps:
-            events = overlapped(make_events)
-        else:  # one step at a time (in the compute thread when offloaded)
-            events = compute.iterate(make_events)
         try:
             for event in events:
-                context = len(prompt_ids) + len(output) - 1  # the cache, the anchor not yet in
                 output.extend(event.tokens)
-                stats.record_step(
-                    len(event.tokens),
-                    event.drafted,
-                    event.accepted,
-                    event.finish,
-                    event.confidence,
-                    event.drafter,
-                )
-                if stats.steps > 1:  # the first event is the prefill's
-                    drafter = (event.drafter or self.spec.method) if event.proposal else None
-                    shape = (context, drafter, len(event.proposal), event.drafted)
-                    stats.shapes.append((*shape, len(event.tokens)))
-                if stats.trace is not None:
-                    stats.trace.append(self._trace_record(event))
-                # accepted drafts first, then the target's own token: views colour them apart
-                drafts = min(event.accepted, len(event.tokens))
-                drafted_text = detok.push(list(event.tokens[:drafts])) if drafts else ""
-                text = drafted_text + detok.push(list(event.tokens[drafts:]))
-                if event.finish is not None:
-                    text += detok.flush()
-                yield Chunk(text, event.tokens, stats, draft_chars=len(drafted_text))
+                stats.record(event)
+                yield _chunk(event, detok, stats)
         finally:
             events.close()  # the overlap engine's compute thread is done after this
             session.settle(prompt_ids + output)
             if session.scheduler is not None:
                 self.learnt = session.scheduler
-
-    def _trace_record(self, event: StepEvent) -> dict[str, Any]:
-        """What `--trace` shows for one step (the first step of an answer is the prefill)."""
-        record = {
-            "drafter": event.drafter or self.spec.method,
-            "draft": list(event.proposal),
-            "verify_length": event.drafted,
-            "accepted": event.accepted,
-            "bonus": event.bonus,
-            "committed": list(event.tokens),
-        }
-        if event.confidence:  # the drafter's c_j for each proposed token
-            record["confidence"] = [round(c, 6) for c in event.confidence]
-        return record
 
     def generate(
         self,
@@ -434,3 +356,14 @@ class Pipeline:
             ids.extend(chunk.token_ids)
             stats = chunk.stats
         return Completion(prompt, self.codec.decode(ids), ids, stats)
+
+
+def _chunk(event: StepEvent, detok: Detokenizer, stats: GenStats) -> Chunk:
+    """A step's text: accepted drafts first, then the target's own token, so views can
+    colour them apart."""
+    drafts = min(event.accepted, len(event.tokens))
+    drafted_text = detok.push(list(event.tokens[:drafts])) if drafts else ""
+    text = drafted_text + detok.push(list(event.tokens[drafts:]))
+    if event.finish is not None:
+        text += detok.flush()
+    return Chunk(text, event.tokens, stats, draft_chars=len(drafted_text))

@@ -1,4 +1,4 @@
-"""Per-request statistics. Plain numbers in, a dict out; no model code.
+"""Per-request statistics. Step events in, a dict out; no model code.
 
 τ (acceptance length) counts the bonus token: it is accepted draft tokens + 1 per step,
 averaged over steps (Spec-Bench / vLLM / DFlash convention), so plain AR has τ = 1.
@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgen.events import StepEvent
+
 
 @dataclass
 class GenStats:
@@ -17,9 +19,9 @@ class GenStats:
     prefill_tokens: int = 0  # prompt tokens actually run (the rest came from the cache)
     new_tokens: int = 0
     steps: int = 0
-    drafted: int = 0
+    verified: int = 0  # draft tokens sent to verification
     accepted: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)  # steps drafting >= k+1
+    verified_per_position: list[int] = field(default_factory=list)  # steps verifying >= k+1
     accepted_per_position: list[int] = field(default_factory=list)  # steps accepting >= k+1
     seconds: float = 0.0  # from the start of the prefill to the last token
     ttft_seconds: float | None = None  # time to first token (prefill + first sample)
@@ -29,16 +31,35 @@ class GenStats:
     by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [steps, accepted]
     finish_reason: str | None = None
     trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
+    method: str = "ar"  # the drafter's name in traces and shapes when a step names none
     # each decoding step after the prefill: (tokens of context before it, the drafter that
-    # drafted it or None, tokens drafted, its verify length, tokens it committed), which
+    # drafted it or None, tokens proposed, its verify length, tokens it committed), which
     # bench/modeled.py prices
     shapes: list[tuple[int, str | None, int, int, int]] = field(default_factory=list, repr=False)
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
+    def record(self, event: StepEvent) -> None:
+        """One step of the answer (the first is the prefill's)."""
+        context = self.prompt_tokens + self.new_tokens - 1  # the cache, the anchor not in it
+        self.record_step(
+            len(event.tokens),
+            event.verified,
+            event.accepted,
+            event.finish,
+            event.confidence,
+            event.drafter,
+        )
+        if self.steps > 1:  # a decoding step
+            drafter = (event.drafter or self.method) if event.proposal else None
+            shape = (context, drafter, len(event.proposal), event.verified, len(event.tokens))
+            self.shapes.append(shape)
+        if self.trace is not None:
+            self.trace.append(trace_record(event, self.method))
+
     def record_step(
         self,
         tokens: int,
-        drafted: int,
+        verified: int,
         accepted: int,
         finish: str | None,
         confidence: tuple[float, ...] = (),
@@ -50,7 +71,7 @@ class GenStats:
         self.seconds = now
         self.new_tokens += tokens
         self.steps += 1
-        self.drafted += drafted
+        self.verified += verified
         self.accepted += accepted
         if drafter is not None:  # only where several drafters take turns (stacked)
             counts = self.by_drafter.setdefault(drafter, [0, 0])
@@ -58,7 +79,7 @@ class GenStats:
             counts[1] += accepted
         self.confidence_sum += sum(confidence)
         self.confidence_count += len(confidence)
-        _count_positions(self.drafted_per_position, drafted)
+        _count_positions(self.verified_per_position, verified)
         _count_positions(self.accepted_per_position, accepted)
         if finish is not None:
             self.finish_reason = finish
@@ -75,7 +96,7 @@ class GenStats:
     @property
     def mean_verify_length(self) -> float:
         """Draft tokens verified per target forward (the prefill's forward counts, as in τ)."""
-        return self.drafted / self.steps if self.steps else 0.0
+        return self.verified / self.steps if self.steps else 0.0
 
     @property
     def mean_confidence(self) -> float | None:
@@ -88,7 +109,7 @@ class GenStats:
         accepted = self.accepted_per_position
         return [
             round((accepted[k] if k < len(accepted) else 0) / d, 4)
-            for k, d in enumerate(self.drafted_per_position)
+            for k, d in enumerate(self.verified_per_position)
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +122,7 @@ class GenStats:
             "tokens_per_second": round(self.tokens_per_second, 2),
             "steps": self.steps,
             "acceptance_length": round(self.acceptance_length, 3),
-            "drafted_tokens": self.drafted,
+            "drafted_tokens": self.verified,  # vLLM's num_draft_tokens: sent to verification
             "accepted_tokens": self.accepted,
             "mean_verify_length": round(self.mean_verify_length, 3),
             "mean_confidence": _round(self.mean_confidence, 4),
@@ -126,3 +147,18 @@ def _count_positions(counts: list[int], n: int) -> None:
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def trace_record(event: StepEvent, method: str) -> dict[str, Any]:
+    """What `--trace` shows for one step (the first step of an answer is the prefill)."""
+    record = {
+        "drafter": event.drafter or method,
+        "draft": list(event.proposal),
+        "verify_length": event.verified,
+        "accepted": event.accepted,
+        "bonus": event.bonus,
+        "committed": list(event.tokens),
+    }
+    if event.confidence:  # the drafter's c_j for each proposed token
+        record["confidence"] = [round(c, 6) for c in event.confidence]
+    return record

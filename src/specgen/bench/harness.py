@@ -25,8 +25,6 @@ from specgen.bench.modeled import modeled, prices_of
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
-from specgen.drafting.context import DraftContext
-from specgen.engine import compute
 from specgen.engine.session import Session
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
@@ -85,7 +83,7 @@ def run_bench(
     ar = pipes["ar"]
     assert isinstance(ar, Pipeline)
     fresh = _FreshSessions()
-    prices = prices_of(pipes)
+    prices = prices_of(p.costs for p in pipes.values() if isinstance(p, Pipeline))
     for name in names:  # warm-up: first-call allocations, kernel selection, caches
         pipe = pipes[name]
         if isinstance(pipe, TransformersBaseline):
@@ -193,7 +191,6 @@ def _compare(
         result.divergences.append(Divergence(name, prompt.category, index, pos, margin))
 
 
-@compute.runs_there
 @torch.inference_mode()
 def _margin(ar: Pipeline, context: list[int]) -> float:
     """The target's top-1 minus top-2 logit for the token after `context`."""
@@ -206,24 +203,14 @@ def _margin(ar: Pipeline, context: list[int]) -> float:
 
 def _memory(pipe: Pipeline | TransformersBaseline) -> int:
     """Peak device memory on CUDA; on the CPU the bytes this method keeps resident (target
-    weights, its KV cache, drafter weights and context cache)."""
+    weights, its KV cache, drafter weights and context caches)."""
     if pipe.model.device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(pipe.model.device))
     if isinstance(pipe, TransformersBaseline):
         return pipe.memory_bytes()
-    tensors = list(pipe.model.parameters())
     cache = pipe.session.cache
-    tensors += [cache.k, cache.v]
-    # a method's drafter networks and context caches; stacked mounts two of each
-    methods = getattr(pipe.method, "methods", (pipe.method,))
-    drafters = getattr(pipe.session.drafter, "drafters", (pipe.session.drafter,))
-    for method in methods:
-        net = getattr(method, "net", None)
-        if net is not None:
-            tensors += list(net.parameters())
-    for drafter in drafters:
-        context = getattr(drafter, "context", None)
-        if isinstance(context, DraftContext):
-            tensors += [context.cache.k, context.cache.v]
+    tensors = [*pipe.model.parameters(), cache.k, cache.v]
+    if pipe.session.drafter is not None:
+        tensors += pipe.session.drafter.tensors()
     tensors = list({t.data_ptr(): t for t in tensors}.values())  # shared storage once
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -17,59 +17,39 @@ never replaces it: host work and anything else outside the table do not appear i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from specgen.scheduling.cost import CostTable, draft_time
+from specgen.scheduling.cost import CostTable
 
-# GenStats.shapes: context, drafter, tokens drafted, verify length, tokens committed
+# GenStats.shapes: context, drafter, tokens proposed, verify length, tokens committed
 Shape = tuple[int, str | None, int, int, int]
 
 
-@dataclass(frozen=True)
-class Prices:
-    costs: CostTable  # the target's forwards
-    # per drafter name: drafting k tokens at [k - 1] (one number: any k)
-    draft_seconds: Mapping[str, tuple[float, ...]]
-
-
-def prices_of(pipes: Mapping[str, Any]) -> Prices | None:
-    """One price list for a bench's pipelines: the first cost table among them for the
-    target's forwards, and for each drafter the draft time of the first pipeline that
-    mounts it (stacked mounts two). None when no pipeline has a cost table."""
-    costs: CostTable | None = None
+def prices_of(tables: Iterable[CostTable | None]) -> CostTable | None:
+    """One price list for a bench's pipelines: the first cost table's target forwards, and
+    each drafter's draft times from the first table that prices it. None without tables."""
+    found = [t for t in tables if t is not None]
+    if not found:
+        return None
     drafts: dict[str, tuple[float, ...]] = {}
-    for pipe in pipes.values():
-        table = getattr(pipe, "costs", None)
-        if table is None:
-            continue
-        costs = costs or table
-        method = pipe.method
-        names = getattr(method, "names", None)  # several drafters, each with its own time
-        if names is not None:
-            for name, full, by_length in zip(
-                names, method.draft_seconds, method.draft_by_length, strict=True
-            ):
-                drafts.setdefault(name, by_length or (full,))
-        else:
-            drafts.setdefault(pipe.spec.method, table.draft_by_length or (table.draft_seconds,))
-    return None if costs is None else Prices(costs, drafts)
+    for table in found:
+        for name, by_length in table.drafts.items():
+            drafts.setdefault(name, by_length)
+    return CostTable(found[0].contexts, found[0].seconds, drafts)
 
 
-def modeled(shapes: Sequence[Shape], prices: Prices) -> tuple[int, float] | None:
+def modeled(shapes: Sequence[Shape], prices: CostTable) -> tuple[int, float] | None:
     """(tokens committed, modeled seconds) over these steps; None when a step cannot be
     priced (a drafter without a measured time, or a verify longer than the table)."""
     tokens, seconds = 0, 0.0
-    for context, drafter, drafted, verify, committed in shapes:
-        row = prices.costs.step_seconds(context)
+    for context, drafter, proposed, verify, committed in shapes:
+        row = prices.step_seconds(context)
         if verify >= len(row):
             return None
         seconds += row[verify]
         if drafter is not None:
-            if drafter not in prices.draft_seconds:
+            if drafter not in prices.drafts:
                 return None
-            by_length = prices.draft_seconds[drafter]
-            seconds += draft_time(by_length[-1], by_length, drafted)
+            seconds += prices.draft_cost(proposed, drafter)
         tokens += committed
     return tokens, seconds

@@ -26,9 +26,9 @@ def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
     seconds = sum(r.seconds for r in runs)
     steps = sum(r.stats.steps for r in runs)
     accepted = sum(r.stats.accepted for r in runs)
-    drafted = sum(r.stats.drafted for r in runs)
-    width = max((len(r.stats.drafted_per_position) for r in runs), default=0)
-    tried = [sum(_at(r.stats.drafted_per_position, k) for r in runs) for k in range(width)]
+    verified = sum(r.stats.verified for r in runs)
+    width = max((len(r.stats.verified_per_position) for r in runs), default=0)
+    tried = [sum(_at(r.stats.verified_per_position, k) for r in runs) for k in range(width)]
     won = [sum(_at(r.stats.accepted_per_position, k) for r in runs) for k in range(width)]
     # steps that accepted at least k drafts, k = 0..width; then exactly k -> k + 1 tokens
     at_least = [steps] + won
@@ -47,7 +47,7 @@ def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
         "tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
         "tau": round((accepted + steps) / steps, 3) if steps else 0.0,
         "steps": steps,
-        "mean_verify_length": round(drafted / steps, 3) if steps else 0.0,
+        "mean_verify_length": round(verified / steps, 3) if steps else 0.0,
         "acceptance_per_position": [
             round(w / t, 4) if t else 0.0 for w, t in zip(won, tried, strict=True)
         ],

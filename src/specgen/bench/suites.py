@@ -13,11 +13,11 @@ represented (file order within a category).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.errors import PromptError, SpecgenError
+from specgen.prompts import prompt_text, read_prompts
 
 BUILTIN = "builtin"
 BUILTIN_FILE = Path(__file__).with_name("suite.jsonl")
@@ -78,38 +78,12 @@ def _round_robin(prompts: list[BenchPrompt], n: int) -> list[BenchPrompt]:
     return sorted(chosen, key=lambda p: (list(by_category).index(p.category), order[id(p)]))
 
 
-def _prompt_text(row: dict, field: str | None, label: str, number: int) -> str:
-    value = row.get(field) if field else row.get("turns", row.get("prompt"))
-    if isinstance(value, list) and value:
-        value = value[0]
-    if not isinstance(value, str) or not value.strip():
-        what = field or "turns"
-        raise PromptError(f"{label}: line {number} has no prompt text (expected {what!r})")
-    return value
-
-
 def _read_jsonl(path: Path, label: str, field: str | None = None) -> list[BenchPrompt]:
-    if not path.is_file():
-        raise PromptError(f"{label}: no such suite file")
-    prompts = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PromptError(f"{label}: line {number} is not valid UTF-8") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptError(f"{label}: line {number} is not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise PromptError(f"{label}: line {number} is not a JSON object")
-        text = _prompt_text(row, field, label, number)
-        prompts.append(BenchPrompt(str(row.get("category") or "default"), text))
-    if not prompts:
-        raise PromptError(f"{label}: no prompts in it")
-    return prompts
+    rows = read_prompts(path, what="suite file", jsonl=True, field=field)
+    for row in rows:
+        if not row.text.strip():
+            raise PromptError(f"{label}: line {row.number} has no prompt text")
+    return [BenchPrompt(row.category or "default", row.text) for row in rows]
 
 
 def _fetch_public(name: str, spec: PublicSet) -> list[BenchPrompt]:
@@ -129,5 +103,8 @@ def _fetch_public(name: str, spec: PublicSet) -> list[BenchPrompt]:
     prompts = []
     for i, row in enumerate(table, start=1):
         category = str(row.get(spec.category)) if spec.category else name
-        prompts.append(BenchPrompt(category, _prompt_text(row, spec.field, name, i)))
+        text = prompt_text(row, spec.field)
+        if text is None or not text.strip():
+            raise PromptError(f"{name}: row {i} has no prompt text (expected {spec.field!r})")
+        prompts.append(BenchPrompt(category, text))
     return prompts

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from specgen.config import SamplingParams
-from specgen.engine import compute
 from specgen.stats import GenStats
 
 
@@ -40,7 +39,6 @@ class _FirstToken:
 class TransformersBaseline:
     name = "hf"
 
-    @compute.runs_there
     def __init__(self, path: Path, dtype: torch.dtype, device: torch.device, stop_ids) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -48,7 +46,6 @@ class TransformersBaseline:
         self.device = device
         self.stop_ids = sorted(stop_ids)
 
-    @compute.runs_there
     def run(self, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
         """(new tokens, GenStats) for one answer."""
         if sampling.seed is not None:

@@ -8,22 +8,8 @@ from typing import Annotated
 import typer
 
 from specgen import display
-from specgen.cli.common import offload_torch, quiet_libraries, sampling_options, user_errors
-from specgen.cli.options import (
-    DEFAULT_MODEL,
-    ContextOpt,
-    CudaGraphsOpt,
-    DebugOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EngineOpt,
-    MaxNewTokensOpt,
-    ModelOpt,
-    QuietOpt,
-    SeedOpt,
-    TemperatureOpt,
-    VerifyPolicyOpt,
-)
+from specgen.cli.common import quiet_libraries, user_errors
+from specgen.cli.options import Run, run_options
 from specgen.errors import SpecgenError
 
 EXAMPLES = """
@@ -37,8 +23,12 @@ Examples:
 """
 
 
+@run_options(
+    "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
+    "device", "dtype", "context", "quiet", "debug",
+    max_new_tokens=128, seed=0,
+)  # fmt: skip
 def bench(
-    model: ModelOpt = DEFAULT_MODEL,
     methods: Annotated[
         str | None,
         typer.Option(
@@ -55,9 +45,6 @@ def bench(
         int | None,
         typer.Option("--num-prompts", help="Prompts in total, spread over the categories."),
     ] = None,
-    max_new_tokens: MaxNewTokensOpt = 128,
-    temperature: TemperatureOpt = 0.0,
-    seed: SeedOpt = 0,
     repeats: Annotated[
         int, typer.Option("--repeats", help="Runs per prompt and method; the median counts.")
     ] = 1,
@@ -65,23 +52,17 @@ def bench(
         list[str] | None,
         typer.Option("--drafter", help="A drafter checkpoint for its method; repeatable."),
     ] = None,
-    verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "auto",
-    cuda_graphs: CudaGraphsOpt = True,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    context: ContextOpt = None,
     plot: Annotated[
         str | None, typer.Option("--plot", help="Write a PNG of the results (needs matplotlib).")
     ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="End with one JSON line holding every number.")
     ] = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
+    *,
+    run: Run,
 ) -> None:
     """Benchmark AR and the speculative methods on a prompt suite (table, JSON, plot)."""
-    with user_errors(debug):
+    with user_errors(run.debug):
         quiet_libraries()
         from specgen.bench.harness import run_bench
         from specgen.bench.report import acceptance_lines, results_table, summarize
@@ -90,18 +71,15 @@ def bench(
 
         if repeats < 1:
             raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
-        sampling = sampling_options(max_new_tokens, temperature, 0, 1.0, seed)
+        sampling = run.sampling()
         prompts = load_suite(suite, num_prompts)
-        pipes = _pipelines(
-            model, methods, drafter or [], verify_policy, device, dtype, context, quiet,
-            engine=engine, cuda_graphs=cuda_graphs,
-        )  # fmt: skip
+        pipes = _pipelines(run, methods, drafter or [])
         total = len(prompts) * len(pipes)
-        with display.progress(total, "benchmarking", disable=quiet) as advance:
+        with display.progress(total, "benchmarking", disable=run.quiet) as advance:
             result = run_bench(
                 pipes,
                 prompts,
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=run.max_new_tokens,
                 sampling=sampling,
                 repeats=repeats,
                 progress=advance,
@@ -113,15 +91,15 @@ def bench(
             "dtype": str(ar.model.dtype).removeprefix("torch."),
             "suite": suite,
             "num_prompts": len(prompts),
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
+            "max_new_tokens": run.max_new_tokens,
+            "temperature": run.temperature,
             "repeats": repeats,
-            "verify_policy": verify_policy,
-            "engine": engine,
+            "verify_policy": run.verify_policy,
+            "engine": run.engine,
             # what `engine` came to here: the compute thread, and on CUDA the resident loop
             "overlap": ar.overlaps,
             "resident_steps": ar.resident_steps,
-            "cuda_graphs": cuda_graphs and ar.model.device.type == "cuda",
+            "cuda_graphs": run.cuda_graphs and ar.model.device.type == "cuda",
         }
         summary = summarize(result, meta)
         summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result)
@@ -160,13 +138,12 @@ def _ar_roofline(ar, result) -> float | None:
     return round(sum(shares) / len(shares), 4)
 
 
-def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, **run):
-    """The AR pipeline and one per method, all on one loaded target. `run`: the engine
-    and CUDA-graph settings, the same for every method."""
-    from specgen.config import SpecConfig
+def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
+    """The AR pipeline and one per method, all on one loaded target, with the same engine
+    and CUDA-graph settings."""
     from specgen.drafting import DRAFTERS, method_of
     from specgen.hub import resolve_drafter
-    from specgen.pipeline import METHODS, Pipeline
+    from specgen.pipeline import METHODS
     from specgen.registry import MODELS
 
     by_method = {}
@@ -174,7 +151,7 @@ def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, 
         directory = resolve_drafter(path)
         by_method[method_of(directory)] = str(directory)
     if methods is None:
-        entry = MODELS.get(model.lower())
+        entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
         names = ["ar", "ngram"] + [
             m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_method or m in known)
@@ -186,16 +163,8 @@ def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, 
             available = ", ".join((*METHODS, "hf"))
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
-    notify = None if quiet else display.status
-    offload_torch(device)
-    base = Pipeline.load(
-        model,
-        device=device,
-        dtype=dtype,
-        context=context,
-        spec=SpecConfig(**run),
-        notify=notify,
-    )
+    notify = None if run.quiet else display.status
+    base = run.load(run.spec())  # plain AR, with the run's engine settings
     pipes = {"ar": base}
     for name in names[1:]:
         if name == "hf":  # transformers' generate on the same checkpoint and dtype
@@ -205,6 +174,6 @@ def _pipelines(model, methods, drafters, policy, device, dtype, context, quiet, 
                 Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
             )
             continue
-        spec = SpecConfig(method=name, drafter=by_method.get(name), verify_policy=policy, **run)
+        spec = run.spec(method=name, drafter=by_method.get(name))
         pipes[name] = base.with_spec(spec, notify=notify)
     return pipes

@@ -12,32 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specgen import display
-from specgen.cli.common import load_pipeline, sampling_options, user_errors
-from specgen.cli.options import (
-    DEFAULT_MODEL,
-    BlockSizeOpt,
-    ContextOpt,
-    CudaGraphsOpt,
-    DebugOpt,
-    DeviceOpt,
-    DrafterOpt,
-    DraftTokensOpt,
-    DtypeOpt,
-    EngineOpt,
-    MaxNewTokensOpt,
-    Method,
-    MethodOpt,
-    ModelOpt,
-    QuietOpt,
-    SeedOpt,
-    ShowDraftsOpt,
-    TemperatureOpt,
-    ThinkOpt,
-    TopKOpt,
-    TopPOpt,
-    VerifyPolicyOpt,
-)
-from specgen.config import SamplingParams, SpecConfig
+from specgen.cli.common import user_errors
+from specgen.cli.options import Run, run_options
+from specgen.config import SamplingParams
 from specgen.errors import SpecgenError
 from specgen.live import answer_view
 from specgen.stats import GenStats
@@ -55,7 +32,7 @@ class SessionTotals:
     seconds: float = 0.0
     steps: int = 0
     accepted: int = 0
-    drafted: int = 0
+    verified: int = 0
 
     def add(self, stats: GenStats) -> None:
         self.turns += 1
@@ -63,59 +40,34 @@ class SessionTotals:
         self.seconds += stats.seconds
         self.steps += stats.steps
         self.accepted += stats.accepted
-        self.drafted += stats.drafted
+        self.verified += stats.verified
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
         tau = (self.accepted + self.steps) / self.steps if self.steps else 0.0
-        verify = self.drafted / self.steps if self.steps else 0.0
+        verify = self.verified / self.steps if self.steps else 0.0
         return (
             f"{self.turns} answers · {self.new_tokens} tokens · {rate:.1f} tok/s · "
             f"τ {tau:.2f} (incl. bonus) · verify {verify:.2f}/step"
         )
 
 
-def chat(
-    model: ModelOpt = DEFAULT_MODEL,
-    method: MethodOpt = Method.ar,
-    drafter: DrafterOpt = None,
-    draft_tokens: DraftTokensOpt = None,
-    block_size: BlockSizeOpt = None,
-    verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "auto",
-    cuda_graphs: CudaGraphsOpt = True,
-    max_new_tokens: MaxNewTokensOpt = 512,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    seed: SeedOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    context: ContextOpt = None,
-    think: ThinkOpt = False,
-    show_drafts: ShowDraftsOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
-) -> None:
+@run_options(
+    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
+    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
+    "dtype", "context", "think", "show_drafts", "quiet", "debug",
+    max_new_tokens=512,
+)  # fmt: skip
+def chat(*, run: Run) -> None:
     """Chat with the model; reads turns from the terminal or, line by line, from a pipe."""
-    with user_errors(debug):
-        sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
-        spec = SpecConfig(
-            method=method.value,
-            drafter=drafter,
-            draft_tokens=draft_tokens,
-            block_size=block_size,
-            verify_policy=verify_policy,
-            engine=engine,
-            cuda_graphs=cuda_graphs,
-        )
-        pipe = load_pipeline(
-            model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
-        )
+    with user_errors(run.debug):
+        sampling = run.sampling()
+        pipe = run.load()
         interactive = sys.stdin.isatty()
-        if interactive and not quiet:
+        if interactive and not run.quiet:
             display.status(f"{pipe.name} · {HELP}")
-        ChatRepl(pipe, sampling, max_new_tokens, think, quiet, show_drafts).run(interactive)
+        repl = ChatRepl(pipe, sampling, run.max_new_tokens, run.think, run.quiet, run.show_drafts)
+        repl.run(interactive)
 
 
 class ChatRepl:

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 import typer
 
 from specgen import display
-from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
 
 
@@ -43,43 +42,3 @@ def quiet_libraries() -> None:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-
-
-def load_pipeline(
-    model: str,
-    *,
-    spec: SpecConfig,
-    device: str,
-    dtype: str,
-    context: int | None,
-    quiet: bool,
-):
-    """Load the target (and drafter), reporting slow one-off work (conversion, downloads)."""
-    quiet_libraries()
-    from specgen.pipeline import Pipeline
-
-    offload_torch(device)
-    notify = None if quiet else display.status
-    return Pipeline.load(
-        model, device=device, dtype=dtype, context=context, spec=spec, notify=notify
-    )
-
-
-def offload_torch(device: str) -> None:
-    """On the CPU, run all torch work in the compute thread from here on, so this (main)
-    thread stays free for the live view and the overlap engine runs at full speed
-    (`engine/compute.py`). Call before loading anything. On CUDA nothing changes."""
-    from specgen.engine import compute
-    from specgen.pipeline import resolve_device
-
-    if resolve_device(device) == "cpu":
-        compute.offload()
-
-
-def sampling_options(
-    max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None
-) -> SamplingParams:
-    """Check the generation options before anything slow happens (loading a model)."""
-    if max_new_tokens < 1:
-        raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -9,43 +9,24 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from specgen import display
-from specgen.cli.common import load_pipeline, sampling_options, user_errors
-from specgen.cli.options import (
-    DEFAULT_MODEL,
-    BlockSizeOpt,
-    ContextOpt,
-    CudaGraphsOpt,
-    DebugOpt,
-    DeviceOpt,
-    DrafterOpt,
-    DraftTokensOpt,
-    DtypeOpt,
-    EngineOpt,
-    JsonOpt,
-    MaxNewTokensOpt,
-    Method,
-    MethodOpt,
-    ModelOpt,
-    QuietOpt,
-    RawOpt,
-    SeedOpt,
-    ShowDraftsOpt,
-    TemperatureOpt,
-    ThinkOpt,
-    TopKOpt,
-    TopPOpt,
-    TraceOpt,
-    VerifyPolicyOpt,
-)
-from specgen.cli.prompts import read_prompt_file, read_stdin_prompt
-from specgen.config import SamplingParams, SpecConfig
+from specgen.cli.common import user_errors
+from specgen.cli.options import JsonOpt, Run, run_options
+from specgen.config import SamplingParams
 from specgen.errors import PromptError, SpecgenError
 from specgen.live import answer_view
 from specgen.pipeline import Completion
+from specgen.prompts import read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
     from specgen.stats import GenStats
+
+# every shared option: `specgen generate` is the command they are documented on
+SHARED = (
+    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
+    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
+    "dtype", "context", "think", "show_drafts", "quiet", "debug",
+)  # fmt: skip
 
 EXAMPLES = """
 Examples:
@@ -58,6 +39,7 @@ Examples:
 """
 
 
+@run_options(*SHARED)
 def generate(
     prompt: Annotated[
         str | None, typer.Argument(help="The prompt; omit it to use --prompt-file or stdin.")
@@ -70,52 +52,29 @@ def generate(
             help=".txt (one prompt per line) or .jsonl (`prompt` or `turns`); - for stdin lines.",
         ),
     ] = None,
-    model: ModelOpt = DEFAULT_MODEL,
-    method: MethodOpt = Method.ar,
-    drafter: DrafterOpt = None,
-    draft_tokens: DraftTokensOpt = None,
-    block_size: BlockSizeOpt = None,
-    verify_policy: VerifyPolicyOpt = "cost",
-    engine: EngineOpt = "auto",
-    cuda_graphs: CudaGraphsOpt = True,
-    max_new_tokens: MaxNewTokensOpt = 256,
-    temperature: TemperatureOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    seed: SeedOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    context: ContextOpt = None,
-    raw: RawOpt = False,
-    think: ThinkOpt = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")
+    ] = False,
     json_out: JsonOpt = False,
-    trace: TraceOpt = False,
-    show_drafts: ShowDraftsOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace", help="With --json: one record per step (draft, verify length, ...)."
+        ),
+    ] = False,
+    *,
+    run: Run,
 ) -> None:
     """Generate an answer for each prompt and stream it to stdout."""
-    with user_errors(debug):
-        sampling = sampling_options(max_new_tokens, temperature, top_k, top_p, seed)
+    with user_errors(run.debug):
+        sampling = run.sampling()
         prompts = _collect_prompts(prompt, prompt_file)
-        spec = SpecConfig(
-            method=method.value,
-            drafter=drafter,
-            draft_tokens=draft_tokens,
-            block_size=block_size,
-            verify_policy=verify_policy,
-            trace=trace,
-            engine=engine,
-            cuda_graphs=cuda_graphs,
-        )
-        pipe = load_pipeline(
-            model, spec=spec, device=device, dtype=dtype, context=context, quiet=quiet
-        )
-        answer = _Answerer(pipe, sampling, max_new_tokens, json_out, quiet, show_drafts)
+        pipe = run.load(run.spec(trace=trace))
+        answer = _Answerer(pipe, sampling, run.max_new_tokens, json_out, run.quiet, run.show_drafts)
         failures = 0
         for text in prompts:
             try:
-                answer(text, pipe.encode(text, raw=raw, think=think))
+                answer(text, pipe.encode(text, raw=raw, think=run.think))
             except PromptError as e:  # one bad prompt in a file must not lose the others
                 failures += 1
                 if json_out:
@@ -136,7 +95,7 @@ def _collect_prompts(prompt: str | None, prompt_file: str | None) -> list[str]:
             raise PromptError("empty prompt")
         return [prompt]
     if prompt_file is not None:
-        return read_prompt_file(prompt_file)
+        return [p.text for p in read_prompts(prompt_file)]
     if sys.stdin.isatty():
         raise PromptError("no prompt: give a PROMPT argument, --prompt-file FILE, or pipe text in")
     return [read_stdin_prompt()]

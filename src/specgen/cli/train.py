@@ -76,11 +76,11 @@ def train(
         quiet_libraries()
         import torch
 
+        from specgen.device import resolve_device
         from specgen.errors import SpecgenError
         from specgen.hub import resolve_model
         from specgen.models.loading import load_target, read_config
         from specgen.paths import specgen_home
-        from specgen.pipeline import resolve_device
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
@@ -160,12 +160,12 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
     """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
     import torch
 
-    from specgen.cli.prompts import read_prompt_file
     from specgen.models.loading import load_target
+    from specgen.prompts import read_prompts
     from specgen.text import TextCodec
     from specgen.training.generate import answer_prompts, generation_dtype
 
-    texts = [text for path in prompts for text in read_prompt_file(str(path))]
+    texts = [p.text for path in prompts for p in read_prompts(path)]
     dtype = generation_dtype(torch.device(device))
     model = load_target(resolved.path, dtype=dtype, device=device, name=resolved.name)
     codec = TextCodec(resolved.path, resolved.name, model.args.eos_token_ids)

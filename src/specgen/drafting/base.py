@@ -1,4 +1,5 @@
-"""What a drafter is, and the registry that maps method names to drafter classes.
+"""What a drafter is (the protocols every method implements), and the registry that maps
+method names to their classes.
 
 A drafter proposes a `Draft` for the current anchor (the last committed token) and observes
 every token the target commits, with the target's hidden states at the layers it asked
@@ -8,19 +9,22 @@ sees a token the target has not accepted.
 
 Methods are looked up by name in `DRAFTERS`: each is loaded once per pipeline (weights)
 and makes a fresh `Drafter` per session (context state). Nothing else in specgen branches
-on method names, and no drafter imports another.
+on method names, and no drafter imports another (stacked composes them through these
+protocols).
 """
 
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
+from specgen.draft import Draft, DraftOption
 from specgen.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -29,70 +33,33 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Draft:
-    """Tokens proposed to follow the anchor, and how they were chosen.
+class Checkpoint:
+    """A drafter checkpoint on disk (resolved by the pipeline), and its name in messages."""
 
-    `probs` is the drafter's proposal distribution q at each position when it samples; None
-    means the tokens are a point mass (a greedy or deterministic drafter), which is what
-    exact rejection sampling then assumes.
-    """
-
-    tokens: torch.Tensor  # [B, k] int64
-    probs: torch.Tensor | None = None  # [B, k, V]
-    # [B, k] fp32: c_j = P(d_j accepted | d_1..d_{j-1} accepted), the drafter's own estimate
-    # from what it knew before drawing d_j (for the verify-length scheduler)
-    confidence: torch.Tensor | None = None
-    bucket: int = 0  # a class of drafts whose acceptance is tracked apart (e.g. match length)
-    source: str | None = None  # which drafter proposed it, where several are mounted
-    probe: bool = False  # verified whatever the estimates say (the scheduler's probe)
-
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[1]
-
-    def truncated(self, length: int) -> Draft:
-        """The first `length` positions of this draft."""
-        if length >= self.length:
-            return self
-        return Draft(
-            tokens=self.tokens[:, :length],
-            probs=None if self.probs is None else self.probs[:, :length],
-            confidence=None if self.confidence is None else self.confidence[:, :length],
-            bucket=self.bucket,
-            source=self.source,
-            probe=self.probe,
-        )
-
-
-@dataclass(frozen=True)
-class DraftOption:
-    """A kind of draft a drafter can make: the bucket its drafts are tracked in, its time per
-    step (None: the cost table's, measured for the drafter as a whole) and per draft length,
-    and whether its drafts carry confidences that decide their verify length (then it
-    drafts as long as it may; otherwise the scheduler settles the length before drafting
-    and it drafts only that)."""
-
-    bucket: int = 0
-    seconds: float | None = None  # drafting its longest draft
-    by_length: tuple[float, ...] = ()  # [k - 1]: drafting k tokens (empty: the table's)
-    confidences: bool = False
+    path: Path
+    name: str
 
 
 class Drafter(Protocol):
+    """One session's drafter. Subclass it explicitly to inherit the defaults below."""
+
     taps: tuple[int, ...]  # target layers whose hidden states `observe` needs
     max_draft_tokens: int  # the longest draft `propose` returns
+    # The kinds of draft it can make, known before drafting (one bucket each): the cost
+    # scheduler then judges whether a draft pays, picks the best option or a plain decoding
+    # step, and names its pick with `select`. Empty: it drafts every step, unjudged.
+    options: tuple[DraftOption, ...] = ()
+    resident: bool = False  # it is a `ResidentDrafter` (engine/resident.py can drive it)
 
-    # Optional: `options: tuple[DraftOption, ...]`, the kinds of draft it can make before
-    # drafting (each one bucket). The cost scheduler then judges before drafting whether a
-    # draft is expected to pay for its own cost, picks the best option or a plain decoding
-    # step (engine/loop.py), and tells a drafter of several options with `select(bucket)`.
-
+    @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget the context from position `length` on (mirrors the target cache)."""
 
+    @abstractmethod
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
         """Tokens just committed to the target cache, with their hidden states [B, T, H]."""
 
+    @abstractmethod
     def propose(
         self,
         anchor: int,
@@ -104,32 +71,86 @@ class Drafter(Protocol):
 
         A drafter that samples draws from `generator` (the request's, so seeded runs repeat;
         None when no sampling is wanted) and returns the distributions it drew from."""
+        ...
+
+    def select(self, bucket: int) -> None:
+        """The scheduler's pick among `options` for the next draft."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its weights and state (context caches), for the bench's memory figures."""
+        return []
+
+
+class ResidentDrafter(Drafter, Protocol):
+    """A drafter whose draft step has fixed shapes, driven by the device-resident loop with
+    the anchor and the context length in device memory (engine/resident.py)."""
+
+    resident: bool = True
+
+    @abstractmethod
+    def begin_resident(self) -> None:
+        """Before the first `draft_at` of an answer: settle what the context holds."""
+
+    @abstractmethod
+    def draft_at(
+        self,
+        anchor: torch.Tensor,  # [1, 1] int64 on the device
+        start: torch.Tensor,  # [1] int64 on the device: the context length
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """`propose` from device-resident state (the host never reads `anchor`, `start`)."""
+        ...
+
+    @abstractmethod
+    def observe_at(self, taps: Mapping[int, torch.Tensor], start: torch.Tensor) -> None:
+        """Every verified position's features, written from `start` ([1] on the device)."""
+
+    @abstractmethod
+    def assume(self, length: int) -> None:
+        """The first `length` context positions, written by `observe_at`, are committed."""
 
 
 class DraftMethod(Protocol):
-    """A registered method: what is loaded once (weights) and makes per-session drafters."""
+    """A registered method: what is loaded once (weights) and makes per-session drafters.
+    Subclass it explicitly to inherit the defaults below."""
 
-    architectures: tuple[str, ...]  # config.json architectures of its checkpoints
-    needs_drafter: bool  # loads a checkpoint (--drafter or the registry's)
-    drafters_needed: int  # checkpoints it mounts: 0, 1, or 2 (stacked)
+    name: ClassVar[str]  # set by `register`
+    architectures: ClassVar[tuple[str, ...]] = ()  # config.json architectures it loads
+    needs_drafter: ClassVar[bool] = True  # loads a checkpoint (--drafter or the registry's)
+    drafters_needed: ClassVar[int] = 1  # checkpoints it mounts: 0, 1, or 2 (stacked)
     max_draft_tokens: int
-
-    # Optional: `registry_drafter(drafters: Mapping[str, str])` picks its checkpoint(s) from
-    # a registry entry's drafters (method -> repo); without it, the entry under its own name.
+    cache_key: str  # the drafter and its settings, for cached draft costs
 
     @classmethod
+    def registry_drafter(cls, drafters: Mapping[str, str]) -> str | tuple[str, ...] | None:
+        """Its checkpoint(s) in a registry entry's drafters (method -> repo)."""
+        return drafters.get(cls.name)
+
+    @classmethod
+    @abstractmethod
     def load(
         cls,
         target: Transformer,
         spec: SpecConfig,
+        checkpoints: Sequence[Checkpoint],
         *,
         target_name: str,
         notify: Callable[[str], None] | None = None,
     ) -> DraftMethod:
-        """Everything this method needs for `target` (e.g. a drafter checkpoint)."""
+        """Everything this method needs for `target`, from `drafters_needed` checkpoints."""
+        ...
 
+    @property
+    def mounted(self) -> Mapping[str, DraftMethod]:
+        """The drafters it drafts with, by name: whose draft times price its drafts."""
+        return {self.name: self}
+
+    @abstractmethod
     def new_drafter(self, capacity: int) -> Drafter:
         """A drafter with an empty context able to follow `capacity` target tokens."""
+        ...
 
 
 DRAFTERS: dict[str, type[DraftMethod]] = {}
@@ -141,6 +162,7 @@ def register(name: str) -> Callable[[type], type]:
     def add(cls: type) -> type:
         if name in DRAFTERS or name == "ar":
             raise ValueError(f"method {name!r} is already registered")
+        cls.name = name
         DRAFTERS[name] = cls
         return cls
 
@@ -161,7 +183,3 @@ def method_of(drafter_dir: Path) -> str:
         f"{drafter_dir}: not a drafter specgen knows (architectures {architectures}); "
         "give --method explicitly"
     )
-
-
-def empty_draft(device: torch.device | str = "cpu") -> Draft:
-    return Draft(tokens=torch.empty(1, 0, dtype=torch.long, device=device))

@@ -3,9 +3,8 @@ extended lazily.
 
 Every committed token's tapped target states must go through the drafter's context
 projection (fc, norm, each layer's K/V) before the drafter can draft after it. Done per
-step that is one small forward per step (0.56 ms on the CPU for the default model's
-drafters, ~2% of a decoding step; the stacked pipeline pays it twice), and it is wasted
-on every step where the scheduler decides not to draft. So features wait here until a
+step that is one small forward per step (the stacked pipeline pays it twice), wasted on
+every step where the scheduler decides not to draft. So features wait here until a
 draft needs them (`ready`) and are then projected in one batch. At most `MAX_PENDING`
 tokens wait, which bounds the memory of a long run without drafts.
 

@@ -13,25 +13,24 @@ confidence head before the draw. The confidences (per-position temperature-calib
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft, DraftOption, empty_draft, register
-from specgen.drafting.static_draft import BlockDrafter, StaticBlockDraft
-from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.engine.cuda_graphs import graphs_failed
-from specgen.engine.sampling import probabilities
-from specgen.errors import SpecgenError
-from specgen.hub import resolve_drafter
+from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.drafting.base import Checkpoint, register
+from specgen.drafting.block import BlockDrafter, BlockMethod
+from specgen.drafting.calibration import Calibration, load_calibration
+from specgen.drafting.static_draft import StaticBlockDraft
+from specgen.drafting.vocab import DraftVocab
 from specgen.kernels import backend
 from specgen.models.dspark import DSparkNet, load_dspark
-from specgen.scheduling.calibration import Calibration, load_calibration
+from specgen.models.graphs import graphs_failed
+from specgen.verify.sampling import probabilities
 
 if TYPE_CHECKING:
-    from specgen.config import SpecConfig
     from specgen.models.transformer import Transformer
 
 
@@ -146,57 +145,40 @@ def _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise) ->
 
 
 @register("dspark")
-class DSparkMethod:
-    architectures: tuple[str, ...] = ("Qwen3DSparkModel",)
-    needs_drafter = True
-    drafters_needed = 1
+class DSparkMethod(BlockMethod):
+    architectures = ("Qwen3DSparkModel",)
+    label = "DSpark"
 
     def __init__(
         self,
         net: DSparkNet,
         target: Transformer,
         block_size: int,
-        draft_tokens: int | None,
-        calibration: Calibration | None = None,
+        draft_tokens: int | None = None,
         vocab: DraftVocab | None = None,
+        *,
+        calibration: Calibration | None = None,
+        **settings: Any,
     ) -> None:
-        self.net = net
-        self.target = target
-        self.block_size = block_size
-        self.calibration = calibration
-        self.vocab = vocab  # drafts come from these head rows only (drafting/vocab.py)
-        slots = block_size - net.args.first_slot
-        self.max_draft_tokens = min(slots, draft_tokens or slots)
-        self.cuda_graphs = False  # greedy draft steps as CUDA graphs (set by `load` on CUDA)
+        super().__init__(net, target, block_size, draft_tokens, vocab, **settings)
+        self.calibration = calibration  # per-position temperatures (`specgen calibrate`)
 
     @classmethod
-    def load(
-        cls,
-        target: Transformer,
-        spec: SpecConfig,
-        *,
-        target_name: str,
-        notify: Callable[[str], None] | None = None,
-    ) -> DSparkMethod:
-        source = spec.drafter
-        if source is None:
-            raise SpecgenError(f"no dspark drafter given for {target_name}; pass --drafter")
-        if notify:
-            notify(f"loading DSpark drafter {source}")
-        path = resolve_drafter(source)
-        net = load_dspark(path, target=target, target_name=target_name, name=source)
-        trained = net.args.backbone.block_size
-        block = spec.block_size or trained
-        if block > trained:
-            raise SpecgenError(
-                f"--block-size {block} exceeds the block {trained} {source} was trained with "
-                "(smaller blocks work, larger ones do not)"
-            )
-        calibration = load_calibration(path) if net.args.confidence else None
-        vocab = load_draft_vocab(path, target.lm_head, source)
-        method = cls(net, target, block, spec.draft_tokens, calibration, vocab)
-        method.cuda_graphs = spec.cuda_graphs and target.device.type == "cuda"
-        return method
+    def load_net(cls, checkpoint: Checkpoint, target: Transformer, target_name: str) -> DSparkNet:
+        return load_dspark(
+            checkpoint.path, target=target, target_name=target_name, name=checkpoint.name
+        )
+
+    @classmethod
+    def trained_block(cls, net: DSparkNet) -> int:
+        return net.args.backbone.block_size
+
+    @classmethod
+    def extras(cls, path: Path, net: DSparkNet) -> dict[str, Any]:
+        return {"calibration": load_calibration(path) if net.args.confidence else None}
+
+    def draft_slots(self, block_size: int) -> int:
+        return block_size - self.net.args.first_slot
 
     def new_drafter(self, capacity: int) -> DSparkDrafter:
         return DSparkDrafter(self, capacity)
@@ -204,23 +186,14 @@ class DSparkMethod:
 
 class DSparkDrafter(BlockDrafter):
     def __init__(self, method: DSparkMethod, capacity: int) -> None:
-        self.method = method
-        self.net, self.target = method.net, method.target
         # one kind of draft. Its confidences come only with the draft, which costs a drafter
         # forward; whether to draft at all is judged from earlier steps' acceptance instead,
         # and the confidences then trim the draft (a checkpoint without a confidence head
         # has its length settled before drafting, as DFlash)
-        self.options = (DraftOption(confidences=bool(self.net.args.confidence)),)
-        self.max_draft_tokens = method.max_draft_tokens
-        self.taps = self.net.args.backbone.target_layer_ids
-        self.backbone = self.net.backbone
-        self.context = self.new_context(capacity)
-        self._masks = [self.net.args.backbone.mask_token_id] * (method.block_size - 1)
-        self.static: StaticBlockDraft | None = None  # the greedy draft step as a CUDA graph
+        self.options = (DraftOption(confidences=bool(method.net.args.confidence)),)
         # sampled draft steps, one per (temperature, top-k, top-p), with their noise buffers
         self._sampled_steps: dict[tuple, tuple[StaticBlockDraft, torch.Tensor]] = {}
-        if method.cuda_graphs:
-            self.static = self.static_draft(capture=True)
+        super().__init__(method, capacity, method.net.backbone)
 
     def static_draft(self, *, capture: bool) -> StaticBlockDraft:
         """The greedy draft step with fixed shapes (see drafting/static_draft.py): the
@@ -233,9 +206,7 @@ class DSparkDrafter(BlockDrafter):
         def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> Draft:
             return self._draw(hidden, anchor, self.max_draft_tokens, params, noise)
 
-        return StaticBlockDraft(
-            self.context, self.backbone, self.target, self._masks, finish, capture
-        )
+        return self._static_step(finish, capture)
 
     def _draw(
         self,
@@ -308,9 +279,7 @@ class DSparkDrafter(BlockDrafter):
                 return draft
         elif self.static is not None:  # graphs on: the sampled step is one too
             return self._sampled(anchor, cache.length, k, params, generator)
-        ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
-        block = self.target.embed_tokens(ids)
-        hidden = self.net.backbone.block_hidden(cache, block)
+        hidden = self.backbone.block_hidden(cache, self._block(anchor))
         return self._draw(hidden, anchor, k, params, None if greedy else self._noise(generator))
 
     @torch.inference_mode()

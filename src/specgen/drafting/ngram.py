@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.drafting.base import Draft, empty_draft, register
+from specgen.draft import Draft, empty_draft
+from specgen.drafting.base import Checkpoint, Drafter, DraftMethod, register
 
 if TYPE_CHECKING:
     from specgen.config import SamplingParams, SpecConfig
@@ -27,22 +28,23 @@ DEFAULT_DRAFT_TOKENS = 10
 
 
 @register("ngram")
-class NgramMethod:
+class NgramMethod(DraftMethod):
     """Nothing to load: each session gets a fresh lookup index."""
 
-    architectures: tuple[str, ...] = ()
     needs_drafter = False
     drafters_needed = 0
 
     def __init__(self, draft_tokens: int, device: torch.device) -> None:
         self.max_draft_tokens = draft_tokens
         self.device = device
+        self.cache_key = f"ngram|{draft_tokens}"
 
     @classmethod
     def load(
         cls,
         target: Transformer,
         spec: SpecConfig,
+        checkpoints: Sequence[Checkpoint] = (),
         *,
         target_name: str,
         notify: Callable[[str], None] | None = None,
@@ -53,7 +55,7 @@ class NgramMethod:
         return NgramDrafter(self.max_draft_tokens, device=self.device)
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     taps: tuple[int, ...] = ()
 
     def __init__(

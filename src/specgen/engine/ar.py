@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import torch
 
 from specgen.config import SamplingParams
-from specgen.engine.events import StepEvent
-from specgen.engine.sampling import make_generator, sample
+from specgen.engine.answer import Answer
+from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import Transformer
+from specgen.verify.sampling import make_generator, sample
 
 
 @torch.inference_mode()
@@ -40,26 +41,22 @@ def generate_ar(
     if lookahead is None:
         lookahead = model.device.type == "cuda"
     generator = make_generator(params, model.device)
+    answer = Answer(max_new_tokens, stop_ids)
     tokens = torch.tensor([new_ids], dtype=torch.long, device=model.device)
     logits = model(tokens, cache, num_logits=1).logits[:, -1]
     token = sample(logits, params, generator)
-    for produced in range(1, max_new_tokens + 1):
+    while True:
         ahead = None
-        if lookahead and produced < max_new_tokens and cache.free > 0:
+        if lookahead and answer.room > 0 and cache.free > 0:
             ahead = model(token.view(1, 1), cache).logits[:, -1]  # queued behind the sample
         tid = int(token)  # sync: the host needs the token to stop, detokenize and stream
-        if tid in stop_ids:
-            if ahead is not None:  # the stop token's forward ran ahead: undo it
-                cache.rollback(cache.length - 1)
-            yield StepEvent(tokens=(), finish="stop", bonus=tid)
+        # without lookahead the token's K/V still needs a place in the cache
+        committed, finish = answer.commit([tid], cache.free if ahead is None else 1)
+        if finish == "stop" and ahead is not None:  # the stop token's forward ran ahead
+            cache.rollback(cache.length - 1)
+        yield StepEvent(tokens=committed, finish=finish, bonus=tid)
+        if finish is not None:
             return
-        if produced == max_new_tokens:
-            yield StepEvent(tokens=(tid,), finish="length", bonus=tid)
-            return
-        if cache.free == 0 and ahead is None:  # nowhere to put this token's K/V
-            yield StepEvent(tokens=(tid,), finish="context", bonus=tid)
-            return
-        yield StepEvent(tokens=(tid,), bonus=tid)
         if ahead is None:
             ahead = model(token.view(1, 1), cache).logits[:, -1]
         token = sample(ahead, params, generator)

@@ -24,23 +24,15 @@ from collections.abc import Iterator
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft, Drafter, empty_draft
-from specgen.engine.events import StepEvent
-from specgen.engine.sampling import make_generator, sample
+from specgen.draft import Draft, empty_draft
+from specgen.drafting.base import Drafter
+from specgen.engine.answer import Answer
+from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
-
-
-def cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
-    """The part of `tokens` to emit, and why the answer ends (None: it goes on)."""
-    for i, token in enumerate(tokens):
-        if token in stop_ids:
-            return tokens[:i], "stop"
-        if produced + i + 1 == limit:
-            return tokens[: i + 1], "length"
-    return tokens, None
+from specgen.verify.sampling import make_generator, sample
 
 
 def _confidences(draft: Draft) -> tuple[float, ...]:
@@ -54,8 +46,7 @@ def prefill(
     drafter: Drafter,
     new_ids: list[int],
     params: SamplingParams,
-    max_new_tokens: int,
-    stop_ids: frozenset[int],
+    answer: Answer,
 ) -> tuple[torch.Generator, torch.Tensor, StepEvent]:
     """Prefill `new_ids` (the drafter observes them) and draw the first token: the
     request's generator, the first token as the anchor on the device [1, 1], and the
@@ -66,27 +57,19 @@ def prefill(
     drafter.observe(new_ids, out.taps)
     first = sample(out.logits[:, -1], params, generator)
     anchor = int(first)  # sync: first token
-    tokens, finish = cut([anchor], 0, max_new_tokens, stop_ids)
-    if finish is None and cache.free == 0:
-        finish = "context"
-    return generator, first.view(1, 1), StepEvent(tokens=tuple(tokens), finish=finish, bonus=anchor)
+    tokens, finish = answer.commit([anchor], cache.free)
+    return generator, first.view(1, 1), StepEvent(tokens=tokens, finish=finish, bonus=anchor)
 
 
 def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, context: int) -> int:
-    """The drafts this step may have: `room`, or 0 when the cost scheduler expects no draft
-    to pay (a plain decoding step), or the length it settled before drafting
-    (`VerifyScheduler.draft_length`); where the drafter offers several kinds of draft, the
-    scheduler's pick is passed on (`select`)."""
-    options = getattr(drafter, "options", ())
-    if room <= 0 or not options or scheduler is None or not scheduler.prices_drafts:
+    """The drafts this step may have: `room`, or what the scheduler plans before drafting
+    (0: a plain decoding step); its pick among the drafter's options is passed on."""
+    if scheduler is None or room <= 0 or not drafter.options:
         return room
-    bucket = scheduler.pick(options, context)
-    if bucket is None:
-        scheduler.skipped()
-        return 0
-    if len(options) > 1:
+    bucket, room = scheduler.plan(drafter.options, context, room)
+    if room > 0:
         drafter.select(bucket)
-    return scheduler.draft_length(room)
+    return room
 
 
 @torch.inference_mode()
@@ -103,17 +86,17 @@ def generate_speculative(
 ) -> Iterator[StepEvent]:
     """Prefill `new_ids` after what `cache` (and `drafter`) already hold, then speculate.
 
-    `scheduler`, if given, shortens each draft to the verify length with the best expected
-    tokens per second (from earlier steps only); without it every draft is verified whole.
+    `scheduler`, if given, plans each draft and shortens it to the verify length with the
+    best expected tokens per second (from earlier steps only); without it every draft is
+    verified whole.
     """
     device = model.device
-    generator, anchor_t, first = prefill(
-        model, cache, drafter, new_ids, params, max_new_tokens, stop_ids
-    )
+    answer = Answer(max_new_tokens, stop_ids)
+    generator, anchor_t, first = prefill(model, cache, drafter, new_ids, params, answer)
     yield first
-    anchor, finish, produced = first.bonus, first.finish, len(first.tokens)
+    anchor, finish = first.bonus, first.finish
     while finish is None:
-        room = min(max_new_tokens - produced - 1, cache.free - 1)  # drafts that can matter
+        room = min(answer.room, cache.free - 1)  # drafts that can matter
         room = draft_room(drafter, scheduler, room, cache.length)
         proposal = (
             drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
@@ -126,8 +109,8 @@ def generate_speculative(
         drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
         block = torch.cat([anchor_t, drafts], dim=1)
         out = model(block, cache, taps=drafter.taps)
-        drafted = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
-        if drafted:
+        verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
+        if verified:
             verdict = verify_draft(out.logits, draft, params, generator)
             bonus_t = verdict.bonus[:1].view(1, 1)
             accepted, bonus = int(verdict.accepted[0]), int(verdict.bonus[0])  # sync
@@ -138,17 +121,14 @@ def generate_speculative(
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
         kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
-        drafter.observe([anchor, *drafted[:accepted]], kept)
-        tokens, finish = cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
-        produced += len(tokens)
-        if finish is None and cache.free == 0:  # nowhere to put the next anchor
-            finish = "context"
+        drafter.observe([anchor, *verified[:accepted]], kept)
+        tokens, finish = answer.commit([*verified[:accepted], bonus], cache.free)
         yield StepEvent(
-            tokens=tuple(tokens),
-            drafted=len(drafted),
+            tokens=tokens,
+            verified=len(verified),
             accepted=accepted,
             finish=finish,
-            proposal=tuple(drafted if draft is proposal else proposal.tokens[0].tolist()),
+            proposal=tuple(verified if draft is proposal else proposal.tokens[0].tolist()),
             bonus=bonus,
             confidence=_confidences(proposal),
             drafter=proposal.source,

@@ -1,46 +1,24 @@
 """The speculative loop with its state on the device: the host queues step N+1 before it
 reads step N (the DFlash / SGLang "spec v2" form; what `--engine auto` runs on CUDA).
 
-engine/loop.py reads each step's accept count and bonus before it can build the next
-step, so the device idles while the host reads, decides and launches. Here what the next
-step needs never leaves the device:
-- `length` [1] int64: the committed length of the target cache and the drafter's context;
-- `anchor` [1, 1] int64: the last committed token (the step before's bonus).
-A step is queued from them alone: the drafter drafts after `length` from `anchor`
-(drafting/static_draft.py), the target verifies [anchor, drafts] at `length`
-(`forward_static`: K/V written at device positions), the verifier leaves the accept count
-and the bonus on the device, the drafter's context gets the features of every verified
-position (those past the accepted ones lie beyond the new length: dead, overwritten
-later), and `length += accepted + 1`, `anchor = bonus`. The step's accept count, bonus and
-drafts are copied to the host asynchronously (an event marks them ready). Only then does
-the host read the step before, long finished, and cut, record and hand it over, while the
-device runs the step just queued. With CUDA graphs the target's step and the greedy draft
-step are each one replay.
+What the next step needs never leaves the device: `length` [1] (the committed length of
+the target cache and the drafter's context) and `anchor` [1, 1]. A step is queued from
+them alone (draft after `length` from `anchor`, verify [anchor, drafts] at `length`, the
+drafter's context written for every verified position, `length += accepted + 1`,
+`anchor = bonus`); its results are copied to the host asynchronously, and the host then
+reads the step before, long finished, while the device runs this one.
 
-Exactness. The device computes nothing from the host's late view; the host decides only
-the lengths of drafts and verifies, from what it knows:
-- A step is queued only if its longest draft is sure to fit: the step in flight commits at
-  most its verify length + 1 tokens, and the room left after that (under
-  `max_new_tokens` and the context) must hold a full draft. Otherwise the host first
-  drains the step in flight and then decides exactly as engine/loop.py would. So with
-  every draft verified whole (`--verify-policy full`) and one drafter, every draft and
-  verify has the sync loop's length, the generator's draws come in the same order, and
-  even seeded sampling gives the sync loop's tokens.
-- The cost scheduler decides from acceptance recorded a step later than in the sync loop,
-  a confidence drafter's (DSpark's) verify length is chosen from that drafter's previous
-  confidences, already on the host (the DSpark production form), not from its current
-  ones, and stacked's selector (under the other policies) learns a step late too. Each
-  choice is made before the tokens it judges are verified, so greedy output is still the
-  target's and sampled output has the target's distribution; seeded samples may differ
-  from the sync loop's, since the choices do.
-- Stops are found a step late: the host cuts the output at the stop token, at
-  `max_new_tokens` or at the context limit exactly as the sync loop does, sets both
-  caches' committed length to that step's, and drops the step in flight (all it wrote lies
-  past that length). A chat continues from there.
+Exactness: the device computes nothing from the host's late view; the host decides only
+lengths, from what it knows. A step is queued only if its longest draft is sure to fit
+after the step in flight; otherwise the host drains that step first and decides as
+engine/loop.py would. So with every draft verified whole and one drafter it makes the
+sync loop's steps exactly (seeded sampling included); under the cost policy decisions use
+acceptance a step older and a confidence drafter's previous confidences, made before the
+tokens they judge, so the output keeps the target's distribution (seeded samples can
+differ from the sync loop's). Stops are found a step late and cut exactly; both caches are
+left at the handed-over length. docs/design.md has the longer story.
 
-Host syncs: the prefill's first token (once per answer), and per step the event of the
-step before, which the device has finished by the time the host waits on it. The drafts,
-accept count, bonus and confidences travel together in that one copy.
+Host syncs: the prefill's first token, and per step the event of the step before.
 """
 
 from __future__ import annotations
@@ -52,14 +30,16 @@ from typing import Protocol
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft, Drafter, empty_draft
-from specgen.engine.events import StepEvent
-from specgen.engine.loop import cut, draft_room, prefill
-from specgen.engine.sampling import sample
+from specgen.draft import Draft, empty_draft
+from specgen.drafting.base import ResidentDrafter
+from specgen.engine.answer import Answer
+from specgen.engine.loop import draft_room, prefill
+from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
+from specgen.verify.sampling import sample
 
 
 class StaticForward(Protocol):
@@ -72,11 +52,6 @@ class StaticForward(Protocol):
         self, tokens: torch.Tensor, cache: StaticKVCache, start: torch.Tensor, *, taps=()
     ) -> ForwardOutput:
         """A step at the device-resident position `start`."""
-
-
-def resident_ready(drafter: Drafter) -> bool:
-    """Whether `drafter` can draft from device-resident state (fixed-shape draft steps)."""
-    return bool(getattr(drafter, "resident", False))
 
 
 class _HostCopy:
@@ -112,7 +87,7 @@ class _Step:
 def generate_resident(
     forward: StaticForward,
     cache: StaticKVCache,
-    drafter: Drafter,
+    drafter: ResidentDrafter,
     new_ids: list[int],
     *,
     params: SamplingParams,
@@ -120,15 +95,13 @@ def generate_resident(
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
 ) -> Iterator[StepEvent]:
-    """`engine.loop.generate_speculative` with the step state on the device (see above).
-    `drafter` must be `resident_ready`."""
-    generator, anchor_t, first = prefill(
-        forward, cache, drafter, new_ids, params, max_new_tokens, stop_ids
-    )
+    """`engine.loop.generate_speculative` with the step state on the device (see above)."""
+    answer = Answer(max_new_tokens, stop_ids)
+    generator, anchor_t, first = prefill(forward, cache, drafter, new_ids, params, answer)
     yield first
     if first.finish is not None:
         return
-    produced, length = len(first.tokens), cache.length  # what the host knows
+    length = cache.length  # what the host knows
     device = anchor_t.device
     cache.make_finite()  # the static step's masked attention reads dead positions
     drafter.begin_resident()
@@ -138,24 +111,21 @@ def generate_resident(
 
     def finish_step(step: _Step) -> StepEvent:
         """The host's half of a step whose results have arrived."""
-        nonlocal produced, length
+        nonlocal length
         ids, confidence = step.copy.wait()
         accepted, bonus, proposal = ids[0], ids[1], ids[2:]
-        drafted = proposal[: step.draft.length]
+        verified = proposal[: step.draft.length]
         if scheduler is not None:
             scheduler.record(step.draft, accepted, len(proposal))
         if confidence:
             stale[step.draft.bucket] = confidence
         length += accepted + 1  # the anchor and the accepted drafts
         cache.assume_written(length)
-        drafter.assume(length, accepted + 1 if step.draft.length else None)
-        tokens, finish = cut([*drafted[:accepted], bonus], produced, max_new_tokens, stop_ids)
-        produced += len(tokens)
-        if finish is None and cache.free == 0:  # nowhere to put the next anchor
-            finish = "context"
+        drafter.assume(length)
+        tokens, finish = answer.commit([*verified[:accepted], bonus], cache.free)
         return StepEvent(
-            tokens=tuple(tokens),
-            drafted=len(drafted),
+            tokens=tokens,
+            verified=len(verified),
             accepted=accepted,
             finish=finish,
             proposal=tuple(proposal),
@@ -167,7 +137,7 @@ def generate_resident(
     try:
         while True:
             ahead = 0 if pending is None else pending.draft.length + 1  # its most commits
-            room = min(max_new_tokens - produced - ahead, cache.free - ahead) - 1
+            room = min(answer.room - ahead, cache.free - ahead - 1)
             if pending is not None and room < drafter.max_draft_tokens:
                 event = finish_step(pending)  # drain: decide the next step exactly
                 pending = None

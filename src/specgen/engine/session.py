@@ -9,7 +9,7 @@ K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
 from __future__ import annotations
 
 from specgen.drafting.base import Drafter
-from specgen.engine.cuda_graphs import GraphedForward
+from specgen.models.graphs import GraphedForward
 from specgen.models.kv_cache import ContextLimitError
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler

@@ -2,12 +2,11 @@
 
 On the GPU this is torch's fused SDPA, with cuDNN's backend left out: it builds an
 execution plan for each new key length, so decoding (the cache grows every step) paid
-~1 ms of host time per layer per step, 38 ms of a Qwen3-8B step's 62 (H200, torch 2.11,
-benchmarks/profile_eager_steps.py); the flash and memory-efficient kernels have no such
-setup. On the CPU, bf16/fp16 inputs are attended in fp32:
-CPUs without half-precision units run torch's half-precision flash kernel several times
-slower than the fp32 one (measured on AVX2: 697 us vs 164 us per layer at 1,000 cached
-tokens), and the upcast copies are small next to that.
+host time per layer per step for it (benchmarks/profile_eager_steps.py; docs/results.md);
+the flash and memory-efficient kernels have no such setup. On the CPU, bf16/fp16 inputs
+are attended in fp32: CPUs without half-precision units run torch's half-precision flash
+kernel several times slower than the fp32 one, and the upcast copies are small next to
+that.
 """
 
 from __future__ import annotations

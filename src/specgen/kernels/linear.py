@@ -9,15 +9,12 @@ decides whether that streaming uses the whole memory bandwidth:
   batch spreads it over all threads and streams W at full bandwidth.
 - 2..5 rows: W @ x^T (W as the left operand, few columns) is threaded by BLAS and streams
   W once; x @ W^T, what `F.linear` does, is several times slower for these shapes.
-- 6..16 rows: the batched split on the x side is fastest (for 6-8 rows a whole SmolLM2
-  verify forward took 0.83-0.87x of W @ x^T's time, interleaved A/B on this CPU; at 4-5
-  rows it was 1.01-1.11x, so those stay W-left).
+- 6..16 rows: the batched split on the x side is fastest (at 4-5 rows it is not, so those
+  stay W-left).
 - more rows (a prefill): plain `F.linear`, compute-bound and well threaded.
 
-Measured on a 2-core AMD EPYC (AVX2), all matmuls of one SmolLM2-135M step in fp32
-(ms, `F.linear` -> this module): 1 row 53 -> 19, 2 rows 102 -> 22, 4 rows 71 -> 30,
-8 rows 69 -> 54, 11 rows 94 -> 67. bf16/fp16 keep `F.linear`: their few-row kernels are
-already threaded, and batching them is slower.
+bf16/fp16 keep `F.linear`: their few-row kernels are already threaded, and batching them
+is slower. The measurements that set these bounds: docs/results.md ("AR vs transformers").
 """
 
 from __future__ import annotations
@@ -44,10 +41,9 @@ def _blocks(out_features: int) -> int:
 
 
 def _transpose(y: torch.Tensor) -> torch.Tensor:  # [out, rows] -> [rows, out], contiguous
-    """The few-row product's result, laid out row-major for what follows. torch copies a
-    [49152, 2] transpose in ~300 us (its copy loop over a 2-wide inner dimension is slow);
-    numpy does it in ~40 us: a SmolLM2 forward over 2 tokens took 29.7 ms instead of 30.1
-    (interleaved A/B, fastest of 35 each). A copy: the same numbers."""
+    """The few-row product's result, laid out row-major for what follows: numpy's copy, as
+    torch's copy loop over a 2-wide inner dimension is several times slower. A copy: the
+    same numbers."""
     if y.requires_grad:
         return y.t().contiguous()
     return torch.from_numpy(np.ascontiguousarray(y.numpy().T))

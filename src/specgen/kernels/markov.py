@@ -16,8 +16,7 @@ over many programs, each streaming a tile of W2 rows and leaving its tile's best
 (and, sampling, its max and sum of exp(l / T)); `_pick` reduces those in one program,
 writes the token (which the next slot's launch reads on the device) and the confidence.
 Sampling adds one launch at the end that writes every slot's q. W2 is read once per slot
-at the whole GPU's bandwidth: an earlier one-program form streamed it through a single SM,
-~25 ms per block at Qwen3-8B's 151,936 x 256 head on an H200 (gpu_check, 2026-11-30).
+at the whole GPU's bandwidth (a one-program form would stream it through a single SM).
 The sampled form covers temperature alone; top-k / top-p filtering stays in torch (a
 graph-captured loop), as do gated and rnn heads. The confidence comes back as logits so
 the caller applies its calibration and sigmoid.

@@ -16,8 +16,18 @@ from __future__ import annotations
 import torch
 
 from specgen.kernels import backend, triton_available
-from specgen.models.norm import rms_norm
-from specgen.models.rope import apply_rope
+from specgen.kernels.rmsnorm import rms_norm
+
+
+def apply_rope(
+    x: torch.Tensor,  # [B, T, H, d]
+    cos: torch.Tensor,  # [T, d]
+    sin: torch.Tensor,  # [T, d]
+) -> torch.Tensor:
+    """Rotary position embedding in HF's "rotate half" layout (tables: models/rope.py)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def qk_norm_rope_torch(

@@ -3,7 +3,7 @@
     h   = x + residual            (when a residual is given; h is returned for the next add)
     out = weight * (h / sqrt(mean(h^2) + eps))
 
-Rounding follows transformers (`models/norm.py`): statistics in fp32; in bf16/fp16 the
+Rounding follows transformers (`rms_norm`): statistics in fp32; in bf16/fp16 the
 normalised row is rounded to the input dtype before the weight multiplies it, and the
 residual sum is rounded to the input dtype (as an eager `x + residual` would be).
 
@@ -15,9 +15,20 @@ on CUDA when the kernel backend is Triton; tested on the CPU under TRITON_INTERP
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from specgen.kernels import backend, triton_available
-from specgen.models.norm import rms_norm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as transformers rounds it: in fp32 the fused `F.rms_norm` (same maths); in
+    bf16/fp16 normalised in fp32, rounded to the model dtype, then multiplied by the weight,
+    so reduced-precision logits stay as close to transformers' as possible."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
 
 
 def rms_norm_torch(

@@ -26,6 +26,7 @@ from torch import nn
 from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
+from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import (
     Plan,
@@ -35,7 +36,6 @@ from specgen.models.loading import (
     read_config,
     shape_for,
 )
-from specgen.models.norm import rms_norm
 from specgen.models.rope import rope_tables
 from specgen.models.transformer import DecoderLayer, Transformer, device_positions, new_weight
 
@@ -207,7 +207,7 @@ class DFlashNet(nn.Module):
         start: torch.Tensor,  # [1] int64 on the device: the context length
     ) -> torch.Tensor:
         """`block_hidden` with the context length read from device memory, for a CUDA
-        graph of the draft step (engine/cuda_graphs.py)."""
+        graph of the draft step (models/graphs.py)."""
         positions, length, cos, sin = device_positions(start, x.shape[1], self._cos, self._sin)
         for i, layer in enumerate(self.layers):
             window = self.args.windows[i]

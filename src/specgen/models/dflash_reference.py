@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specgen.kernels.qk_rope import apply_rope
 from specgen.models.dflash import DFlashNet
-from specgen.models.rope import apply_rope, rope_tables
+from specgen.models.rope import rope_tables
 
 
 def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -157,8 +157,8 @@ class DSparkNet(nn.Module):
 
     def markov_rows(self, vocab: torch.Tensor | None) -> torch.Tensor:
         """markov_w2's rows for these token ids (all of them without). Outside autograd the
-        gather is kept: drafting repeats it at every slot, and for the default drafter it is a
-        3.7 MB copy, 0.56 ms on the CPU, most of a slot. Kept for this very ids tensor (held,
+        gather is kept: drafting repeats it at every slot, and for a small target's drafter
+        that copy is most of a slot. Kept for this very ids tensor (held,
         so its memory is never another's) at the weight's storage and version, so changed
         weights or ids are never served stale."""
         if vocab is None:

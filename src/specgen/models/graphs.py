@@ -1,9 +1,9 @@
-"""The target's forward for the decoding loops, with decode and verify steps as CUDA graphs.
+"""CUDA-graph replay (`Replay`), and the target's forward for the decoding loops with its
+decode and verify steps as CUDA graphs (`GraphedForward`).
 
 A decode step of a 4-8B model is ~36 layers x ~12 kernels: launched one by one from Python
-that is several milliseconds of host time, more than the step's own GPU time at bf16
-(about 3 ms for Qwen3-8B's 16 GB of weights at 4.8 TB/s). A CUDA graph replays all of them
-with one launch. A graph bakes in every shape and pointer, so a step of T tokens is
+that is more host time than the step's own GPU time at bf16. A CUDA graph replays all of
+them with one launch. A graph bakes in every shape and pointer, so a step of T tokens is
 captured once per T (1: AR decode, 1 + l: a verify of l drafts) over `forward_static`,
 which reads its position from a device tensor, writes K/V with `index_copy_` and attends
 with a mask (or the Triton kernel) computed from that tensor: the same graph serves every

@@ -48,13 +48,3 @@ def rope_tables(
     freqs = positions[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(
-    x: torch.Tensor,  # [B, T, H, d]
-    cos: torch.Tensor,  # [T, d]
-    sin: torch.Tensor,  # [T, d]
-) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -21,11 +21,10 @@ from specgen.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
-from specgen.kernels.qk_rope import qk_norm_rope
-from specgen.kernels.rmsnorm import add_rms_norm
+from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
+from specgen.kernels.rmsnorm import add_rms_norm, rms_norm
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
-from specgen.models.norm import rms_norm
-from specgen.models.rope import apply_rope, rope_tables
+from specgen.models.rope import rope_tables
 
 
 @dataclass(frozen=True)
@@ -247,7 +246,7 @@ class Transformer(nn.Module):
         taps: tuple[int, ...] = (),
     ) -> ForwardOutput:
         """`forward` for decode and verify steps, reading the position from device memory
-        (engine/cuda_graphs.py captures it once per T and replays it at every length).
+        (models/graphs.py captures it once per T and replays it at every length).
         The caller checks the capacity and commits: it knows the length on the host."""
         positions, length, cos, sin = device_positions(start, tokens.shape[1], self._cos, self._sin)
         x = self.embed_tokens(tokens)

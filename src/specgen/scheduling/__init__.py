@@ -1,2 +1,2 @@
-"""How many draft tokens to verify: pure decisions from estimates made before the tokens
-they judge were seen by the target (so they never bias the output), and measured costs."""
+"""What to draft and how much of it to verify: decisions from what earlier steps showed
+(never from the tokens being judged, so they cannot bias the output) and measured costs."""

@@ -99,18 +99,6 @@ def best_draft(
     return best
 
 
-def drafting_rate(
-    conditional: Sequence[float],
-    *,
-    step_seconds: Sequence[float],
-    draft_seconds: float | Sequence[float],
-) -> float:
-    """`best_draft`'s rate: the best expected tokens per second of a draft."""
-    return best_draft(
-        conditional, step_seconds=step_seconds, draft_seconds=draft_seconds
-    ).expected_rate
-
-
 def best_verify_length(
     conditional: Sequence[float], *, step_seconds: Sequence[float], draft_seconds: float = 0.0
 ) -> VerifyDecision:
@@ -125,7 +113,8 @@ def best_verify_length(
 
 
 def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDecision:
-    """Verify d_1..d_l where l is the last slot before the first c_j < threshold."""
+    """Verify d_1..d_l where l is the last slot before the first c_j < threshold
+    (threshold 0: every draft token, the `full` policy)."""
     expected, length = 1.0, 0
     for a, c in zip(survival(conditional), conditional, strict=True):
         if c < threshold:
@@ -133,8 +122,3 @@ def threshold_length(conditional: Sequence[float], threshold: float) -> VerifyDe
         expected += a
         length += 1
     return VerifyDecision(length, expected, 0.0)
-
-
-def full_length(conditional: Sequence[float]) -> VerifyDecision:
-    """Verify every draft token."""
-    return VerifyDecision(len(conditional), 1.0 + sum(survival(conditional)), 0.0)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen.kernels.qk_rope import apply_rope
+from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.dflash import DFlashNet
-from specgen.models.norm import rms_norm
-from specgen.models.rope import apply_rope, rope_tables
+from specgen.models.rope import rope_tables
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
-from specgen.models.norm import rms_norm
 from specgen.models.transformer import Transformer
 from specgen.training.blocks import Blocks, block_forward, make_blocks
 from specgen.training.losses import dflash_loss, dspark_loss, markov_logits

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from specgen.config import SamplingParams
-from specgen.drafting.base import Draft
-from specgen.engine.sampling import filter_logits
+from specgen.draft import Draft
 from specgen.kernels.verify import verify
+from specgen.verify.sampling import filter_logits
 
 
 @dataclass(frozen=True)

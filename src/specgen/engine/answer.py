@@ -1,0 +1,40 @@
+"""The commit step every decoding loop shares: which of a step's tokens the answer keeps,
+and why it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
+    """The part of `tokens` to emit after `produced` tokens, and why the answer ends
+    (None: it goes on): at a stop token (not emitted) or at `limit` tokens."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:i], "stop"
+        if produced + i + 1 == limit:
+            return tokens[: i + 1], "length"
+    return tokens, None
+
+
+@dataclass
+class Answer:
+    """An answer as the loops commit it, step by step."""
+
+    limit: int  # max_new_tokens
+    stop_ids: frozenset[int]
+    produced: int = 0  # tokens committed so far
+
+    @property
+    def room(self) -> int:
+        """Tokens still to come after the next one (the most a draft can add)."""
+        return self.limit - self.produced - 1
+
+    def commit(self, tokens: list[int], free: int) -> tuple[tuple[int, ...], str | None]:
+        """`tokens` (accepted drafts, then the bonus) cut as the answer allows, and why it
+        ends; `free`: cache positions left for the next anchor (0: it ends at "context")."""
+        kept, finish = cut(tokens, self.produced, self.limit, self.stop_ids)
+        self.produced += len(kept)
+        if finish is None and free == 0:
+            finish = "context"
+        return tuple(kept), finish

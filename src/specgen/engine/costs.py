@@ -1,0 +1,200 @@
+"""Measuring the step costs a pipeline's schedulers decide from (scheduling/cost.py), once
+per (model, drafter, dtype, device, threads, torch) and cached as JSON under
+$SPECGEN_HOME/costs/, so later runs (and seeded sampling runs, whose verify lengths
+depend on these numbers) reuse them. Timings never enter tests; they only steer the
+verify length and the drafter choice, which do not change which tokens come out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+import torch
+
+from specgen.config import SamplingParams
+from specgen.drafting.base import DraftMethod
+from specgen.models.graphs import GraphedForward
+from specgen.models.transformer import Transformer
+from specgen.paths import specgen_home
+from specgen.scheduling.cost import CostTable
+
+PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_costs(
+    model: Transformer,
+    max_drafts: int,
+    *,
+    contexts: tuple[int, ...] = PROFILE_CONTEXTS,
+    repeats: int = 5,
+    graphs: bool = False,
+) -> CostTable:
+    """Time target forwards over blocks of 1..max_drafts+1 tokens after each context.
+
+    Sizes are interleaved across sweeps and each keeps its fastest run: on a shared machine
+    interference only ever adds time. `graphs` (CUDA): each block replayed as the CUDA graph
+    a session decodes with, so verify costs are on the same footing as the drafter's step,
+    whose graphs `measure_draft_seconds` already replays; eager launch overhead would make
+    every verify length look alike and drafting look cheaper than it is.
+    """
+    device, vocab = model.device, model.args.vocab_size
+    contexts = tuple(c for c in contexts if c + max_drafts + 1 <= model.args.max_positions)
+    gen = torch.Generator().manual_seed(0)
+    table = []
+    for context in contexts or (1,):
+        cache = model.new_cache(context + max_drafts + 1)
+        forward = model
+        if graphs and device.type == "cuda":
+            forward = GraphedForward(model, cache, max_tokens=max_drafts + 1, capture=True)
+        model(torch.randint(0, vocab, (1, context), generator=gen).to(device), cache)
+        blocks = [
+            torch.randint(0, vocab, (1, n + 1), generator=gen).to(device)
+            for n in range(max_drafts + 1)
+        ]
+        seconds = [float("inf")] * (max_drafts + 1)
+        for sweep in range(repeats + 1):  # the first sweep warms up
+            for n, block in enumerate(blocks):
+                _sync(device)
+                start = time.perf_counter()
+                forward(block, cache)
+                _sync(device)
+                if sweep:
+                    seconds[n] = min(seconds[n], time.perf_counter() - start)
+                cache.rollback(context)
+        table.append(tuple(seconds))
+    return CostTable(contexts or (1,), tuple(table))
+
+
+def measure_draft_seconds(
+    method: DraftMethod, model: Transformer, *, context: int = 128, repeats: int = 5
+) -> tuple[float, ...]:
+    """A drafter's time per step after `context` tokens, for each draft length k = 1..its
+    longest ([k - 1]): observe the anchor and two accepted tokens, propose k tokens (a
+    drafter may defer its observing work to here), and roll back: what a drafting step
+    costs. Greedy; lengths interleaved across sweeps, each keeping its fastest run."""
+    device, vocab = model.device, model.args.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    drafter = method.new_drafter(context + 8)
+    cache = model.new_cache(context + 8)
+    ids = torch.randint(0, vocab, (1, context + 3), generator=gen).to(device)
+    out = model(ids, cache, taps=drafter.taps)
+    drafter.observe(ids[0, :context].tolist(), {i: h[:, :context] for i, h in out.taps.items()})
+    step = {i: h[:, context:] for i, h in out.taps.items()}
+    anchor, params = int(ids[0, context]), SamplingParams()
+    best = [float("inf")] * method.max_draft_tokens
+    for attempt in range(repeats + 1):  # the first warms up
+        for k in range(1, method.max_draft_tokens + 1):
+            _sync(device)
+            start = time.perf_counter()
+            drafter.observe(ids[0, context:].tolist(), step)
+            drafter.propose(anchor, k, params, None)
+            _sync(device)
+            if attempt:
+                best[k - 1] = min(best[k - 1], time.perf_counter() - start)
+            drafter.rollback(context)
+    return tuple(best)
+
+
+def _cache_path(ident: str):
+    return specgen_home() / "costs" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+
+
+def _write_json(path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+# Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
+# (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
+# draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
+# its draft vocabulary gathered once, not per slot; drafts timed per length).
+KERNELS_REVISION = 4
+
+
+def cached_costs(
+    model: Transformer,
+    key: str,
+    method: DraftMethod,
+    notify: Callable[[str], None] | None = None,
+    *,
+    graphs: bool = False,
+) -> CostTable:
+    """The cost table of `method` on `model` (`key`: the model's identity): the target's
+    verify costs up to its longest draft (`target_costs`) and each mounted drafter's draft
+    costs, measuring what is missing once."""
+    table = target_costs(model, key, method.max_draft_tokens, notify, graphs=graphs)
+    ident = _identity(model, key, graphs)
+    drafts = {
+        name: _draft_costs(model, part, name, f"{ident}|drafter={part.cache_key}", notify)
+        for name, part in method.mounted.items()
+    }
+    return CostTable(table.contexts, table.seconds, drafts)
+
+
+def target_costs(
+    model: Transformer,
+    key: str,
+    max_drafts: int,
+    notify: Callable[[str], None] | None = None,
+    *,
+    graphs: bool = False,
+) -> CostTable:
+    """The target's verify costs for up to `max_drafts` drafts, measured once and cached.
+    `graphs`: the session decodes with CUDA graphs, so the steps are timed as replays."""
+    ident = _identity(model, key, graphs)
+    table = _load_table(_cache_path(ident), max_drafts)
+    if table is None:
+        if notify:
+            notify("measuring verify costs once for this model and device (cached)")
+        table = measure_costs(model, max_drafts, graphs=graphs and model.device.type == "cuda")
+        record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
+        _write_json(_cache_path(ident), record)
+    return table
+
+
+def _identity(model: Transformer, key: str, graphs: bool) -> str:
+    """What a measurement depends on besides the drafter."""
+    graphs = graphs and model.device.type == "cuda"
+    return (
+        f"{key}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}"
+        f"|torch={torch.__version__}|kernels={KERNELS_REVISION}" + ("|graphs" if graphs else "")
+    )
+
+
+def _draft_costs(
+    model: Transformer,
+    method: DraftMethod,
+    name: str,
+    ident: str,
+    notify: Callable[[str], None] | None,
+) -> tuple[float, ...]:
+    path = _cache_path(ident)
+    try:
+        by_length = tuple(float(s) for s in json.loads(path.read_text())["by_length"])
+        if len(by_length) < method.max_draft_tokens:
+            raise ValueError("measured for shorter drafts")
+    except (OSError, ValueError, KeyError, TypeError):
+        if notify:
+            notify(f"measuring the {name} drafter's cost once (cached)")
+        by_length = measure_draft_seconds(method, model)
+        _write_json(path, {"key": ident, "by_length": by_length})
+    return by_length[: method.max_draft_tokens]
+
+
+def _load_table(path, max_drafts: int) -> CostTable | None:
+    try:
+        data = json.loads(path.read_text())
+        table = CostTable(tuple(data["contexts"]), tuple(tuple(s) for s in data["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, unreadable or from an older format: measure again
+    return table if table.max_drafts >= max_drafts else None

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.bench.modeled import Shape
 from specgen.config import SamplingParams
 from specgen.draft import Draft, DraftOption, empty_draft
 from specgen.drafting import Drafter
 from specgen.engine.answer import cut
 from specgen.engine.loop import generate_speculative
+from specgen.scheduling.cost import Shape
 from specgen.scheduling.scheduler import VerifyScheduler
 
 if TYPE_CHECKING:

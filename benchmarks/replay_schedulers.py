@@ -32,7 +32,7 @@ METHODS = ("dflash", "dspark", "stacked")
 
 def summary(traces: Sequence[Mapping[str, Any]], results: Mapping, prices) -> dict:
     """Per method and category (and "all"): τ and modeled speedup over AR."""
-    from specgen.bench.modeled import modeled
+    from specgen.scheduling.cost import modeled
 
     step = prices.seconds[0][0]  # AR: one token per plain step
     cats = list(dict.fromkeys(t["category"] for t in traces if t["index"] >= 0))

@@ -277,8 +277,7 @@ def test_a_renewed_session_behaves_as_a_new_one(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_modeled_time_prices_each_step_from_the_cost_table():
-    from specgen.bench.modeled import modeled
-    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.cost import CostTable, modeled
 
     prices = CostTable(
         contexts=(100, 300),
@@ -313,8 +312,7 @@ def test_modeled_speedup_is_reported_next_to_the_measured_one():
 
 
 def test_each_decoding_step_is_recorded_for_pricing(tiny_llama):
-    from specgen.bench.modeled import modeled
-    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.cost import CostTable, modeled
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     ngram = ar.with_spec(SpecConfig(method="ngram", verify_policy="full"))

@@ -14,22 +14,21 @@ from typing import Any
 
 from specgen.config import SamplingParams, SpecConfig
 from specgen.device import resolve_device, resolve_dtype
-from specgen.drafting import DRAFTERS, Checkpoint, DraftMethod, method_of
-from specgen.engine.costs import cached_costs
+from specgen.drafting import DraftMethod
+from specgen.engine.costs import CostCheck, cached_costs
 from specgen.engine.run import decode
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
 from specgen.events import StepEvent
-from specgen.hub import Notify, resolve_drafter, resolve_model
+from specgen.hub import Notify, resolve_model
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
-from specgen.registry import DEFAULT_ALIAS, MODELS
+from specgen.registry import DEFAULT_ALIAS
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
+from specgen.spec import checked_spec, load_method
 from specgen.stats import GenStats
 from specgen.text import Detokenizer, TextCodec
-
-METHODS = ("ar", *DRAFTERS)  # what --method accepts: plain decoding + registered drafters
 
 DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
 
@@ -65,55 +64,6 @@ class Completion:
         return record
 
 
-def _checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
-    """The method exists; given drafters name their method; a method that needs drafters
-    has them (the registry's for `model` when none were given)."""
-    if spec.method not in METHODS:
-        raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
-    if spec.method == "ar" and isinstance(spec.drafter, tuple):  # the method mounting as many
-        fits = [m for m, cls in DRAFTERS.items() if cls.drafters_needed == len(spec.drafter)]
-        if not fits:
-            raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
-        spec = replace(spec, method=fits[0])
-    elif spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
-        drafter_dir = resolve_drafter(spec.drafter)
-        spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
-    if spec.method == "ar":
-        return spec
-    cls = DRAFTERS[spec.method]
-    if spec.drafter is not None and len(_sources(spec)) != cls.drafters_needed:
-        raise SpecgenError(
-            f"--method {spec.method} takes {cls.drafters_needed} --drafter, "
-            f"got {len(_sources(spec))}"
-        )
-    if spec.drafter is not None or not cls.needs_drafter:
-        return spec
-    entry = MODELS.get(model.lower())
-    drafter = None if entry is None else cls.registry_drafter(entry.drafters)
-    if drafter is None:
-        raise SpecgenError(
-            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
-        )
-    return replace(spec, drafter=drafter)
-
-
-def _sources(spec: SpecConfig) -> tuple[str, ...]:
-    """The drafter checkpoints `spec` names (none, one, or a tuple of them)."""
-    if spec.drafter is None:
-        return ()
-    return spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
-
-
-def load_method(
-    target: Transformer, spec: SpecConfig, target_name: str, notify: Notify | None = None
-) -> DraftMethod:
-    """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
-    checkpoints = [Checkpoint(resolve_drafter(s), s) for s in _sources(spec)]
-    return DRAFTERS[spec.method].load(
-        target, spec, checkpoints, target_name=target_name, notify=notify
-    )
-
-
 class Pipeline:
     def __init__(
         self,
@@ -136,7 +86,7 @@ class Pipeline:
         self.context = context
         spec = spec or SpecConfig()
         if method is None:
-            spec = _checked_spec(spec, name)
+            spec = checked_spec(spec, name)
             if spec.method != "ar":
                 method = load_method(model, spec, name)
         self.spec = spec
@@ -146,6 +96,8 @@ class Pipeline:
         self.learnt: VerifyScheduler | None = None  # the last answer's scheduler: new
         # sessions start from its estimates (VerifyScheduler.learn_from)
         self.session = self.new_session()
+        self._check: CostCheck | None = None  # measured costs, held against the steps
+        self._notify: Notify | None = None
 
     @classmethod
     def load(
@@ -157,6 +109,7 @@ class Pipeline:
         context: int | None = None,
         spec: SpecConfig | None = None,
         notify: Notify | None = None,
+        measure_costs: bool = False,
     ) -> Pipeline:
         """Resolve `model` (alias, path, .gguf or Hub repo) and load it.
 
@@ -164,8 +117,9 @@ class Pipeline:
             context: KV-cache capacity in tokens; default min(model limit, 8192).
             spec: the decoding method and its knobs (default: plain AR).
             notify: called with one-line progress messages (conversion, download).
+            measure_costs: measure the step costs again instead of using cached ones.
         """
-        spec = _checked_spec(spec or SpecConfig(), model)  # fail before the slow part
+        spec = checked_spec(spec or SpecConfig(), model)  # fail before the slow part
         resolved = resolve_model(model, notify=notify)
         dev = resolve_device(device)
         target = load_target(
@@ -179,7 +133,9 @@ class Pipeline:
         # plain AR keeps the spec too: its engine, CUDA graphs and tracing settings
         ar = spec if spec.method == "ar" else None
         base = cls(target, codec, resolved.name, context, ar, source=str(resolved.path))
-        return base if ar is not None else base.with_spec(spec, notify=notify)
+        if ar is not None:
+            return base
+        return base.with_spec(spec, notify=notify, measure_costs=measure_costs)
 
     def with_spec(
         self,
@@ -187,26 +143,60 @@ class Pipeline:
         *,
         notify: Notify | None = None,
         costs: CostTable | None = None,
+        measure_costs: bool = False,
     ) -> Pipeline:
         """Another decoding method on this pipeline's loaded target (weights are shared;
         sessions are not). Loads the drafter and, where the policy or a choice among
-        drafters needs them, the measured costs; `costs` given instead (fixed prices for
-        tests, another machine's for what-if runs) are used as they are, for the drafters
-        this method mounts."""
-        spec = _checked_spec(spec, self.name)
+        drafters needs them, the measured costs (cached; `measure_costs`: measured again;
+        and measured again once by itself when the steps disagree with them,
+        `engine.costs.CostCheck`). `costs` given instead (fixed prices for tests, another
+        machine's for what-if runs) are used as they are, for the drafters it mounts."""
+        spec = checked_spec(spec, self.name)
         if spec.method == "ar":
             return Pipeline(
                 self.model, self.codec, self.name, self.context, spec, source=self.source
             )
         method = load_method(self.model, spec, self.name, notify)
+        measured = costs is None and (spec.verify_policy.needs_costs or len(method.mounted) > 1)
         if costs is not None:
             costs = replace(costs, drafts={n: costs.drafts[n] for n in method.mounted})
-        elif spec.verify_policy.needs_costs or len(method.mounted) > 1:
-            key = f"{self.name}|{self.source}"
-            costs = cached_costs(self.model, key, method, notify, graphs=spec.cuda_graphs)
-        return Pipeline(
+        elif measured:
+            costs = cached_costs(
+                self.model, self._cost_key, method, notify, graphs=spec.cuda_graphs,
+                fresh=measure_costs,
+            )  # fmt: skip
+        pipe = Pipeline(
             self.model, self.codec, self.name, self.context, spec, costs, method, self.source
         )
+        if measured:
+            pipe._check, pipe._notify = CostCheck(), notify
+        return pipe
+
+    @property
+    def _cost_key(self) -> str:
+        return f"{self.name}|{self.source}"
+
+    def _check_costs(self, stats: GenStats, session: Session) -> None:
+        """Measured costs that the answers' steps disagree with beyond noise (`CostCheck`)
+        are measured again, once per pipeline, and decide from then on."""
+        if self._check is None or self.costs is None or self.method is None:
+            return
+        ratio = self._check.stale(stats, self.costs)
+        if ratio is None:
+            return
+        self._check = None  # once: a machine under changing load must not re-measure forever
+        if self._notify:
+            self._notify(
+                f"decoding steps ran at {ratio:.2f}x the measured step costs: measuring them "
+                "again (--measure-costs does this up front)"
+            )
+        self.costs = cached_costs(
+            self.model, self._cost_key, self.method, self._notify,
+            graphs=self.spec.cuda_graphs, fresh=True,
+        )  # fmt: skip
+        for scheduler in (session.scheduler, self.learnt):
+            if scheduler is not None:
+                scheduler.costs = self.costs
 
     @property
     def overlaps(self) -> bool:
@@ -326,10 +316,11 @@ class Pipeline:
                 stats.record(event)
                 yield _chunk(event, detok, stats)
         finally:
-            events.close()  # the overlap engine's compute thread is done after this
+            events.close()  # the overlap engine's thread is done after this
             session.settle(prompt_ids + output)
             if session.scheduler is not None:
                 self.learnt = session.scheduler
+        self._check_costs(stats, session)  # an answer that ran to its end
 
     def generate(
         self,

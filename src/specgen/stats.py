@@ -36,11 +36,13 @@ class GenStats:
     # drafted it or None, tokens proposed, its verify length, tokens it committed), which
     # bench/modeled.py prices
     shapes: list[tuple[int, str | None, int, int, int]] = field(default_factory=list, repr=False)
+    step_seconds: list[float] = field(default_factory=list, repr=False)  # each shape's, as run
     _start: float = field(default_factory=time.perf_counter, repr=False)
 
     def record(self, event: StepEvent) -> None:
         """One step of the answer (the first is the prefill's)."""
         context = self.prompt_tokens + self.new_tokens - 1  # the cache, the anchor not in it
+        before = self.seconds
         self.record_step(
             len(event.tokens),
             event.verified,
@@ -53,6 +55,7 @@ class GenStats:
             drafter = (event.drafter or self.method) if event.proposal else None
             shape = (context, drafter, len(event.proposal), event.verified, len(event.tokens))
             self.shapes.append(shape)
+            self.step_seconds.append(self.seconds - before)
         if self.trace is not None:
             self.trace.append(trace_record(event, self.method))
 

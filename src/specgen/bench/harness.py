@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.bench.modeled import modeled, prices_of
+from specgen.bench.modeled import prices_of
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
 from specgen.engine.session import Session
 from specgen.pipeline import Pipeline
+from specgen.scheduling.cost import modeled
 from specgen.stats import GenStats
 
 Progress = Callable[[str], None]  # called after each generation with a short label

@@ -1,5 +1,5 @@
 """Modeled decoding time: each step of a run priced from the measured cost table instead of
-read off the wall clock.
+read off the wall clock (`scheduling.cost.modeled`), with one price list for a bench.
 
 On a noisy machine a few percent between two methods is lost in run-to-run noise, yet
 methods that decide from the same measured costs differ only in what they decide: which
@@ -17,12 +17,9 @@ never replaces it: host work and anything else outside the table do not appear i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from specgen.scheduling.cost import CostTable
-
-# GenStats.shapes: context, drafter, tokens proposed, verify length, tokens committed
-Shape = tuple[int, str | None, int, int, int]
 
 
 def prices_of(tables: Iterable[CostTable | None]) -> CostTable | None:
@@ -36,20 +33,3 @@ def prices_of(tables: Iterable[CostTable | None]) -> CostTable | None:
         for name, by_length in table.drafts.items():
             drafts.setdefault(name, by_length)
     return CostTable(found[0].contexts, found[0].seconds, drafts)
-
-
-def modeled(shapes: Sequence[Shape], prices: CostTable) -> tuple[int, float] | None:
-    """(tokens committed, modeled seconds) over these steps; None when a step cannot be
-    priced (a drafter without a measured time, or a verify longer than the table)."""
-    tokens, seconds = 0, 0.0
-    for context, drafter, proposed, verify, committed in shapes:
-        row = prices.step_seconds(context)
-        if verify >= len(row):
-            return None
-        seconds += row[verify]
-        if drafter is not None:
-            if drafter not in prices.drafts:
-                return None
-            seconds += prices.draft_cost(proposed, drafter)
-        tokens += committed
-    return tokens, seconds

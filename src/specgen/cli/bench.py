@@ -25,7 +25,7 @@ Examples:
 
 @run_options(
     "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
-    "device", "dtype", "context", "quiet", "debug",
+    "device", "dtype", "context", "quiet", "threads", "measure_costs", "debug",
     max_new_tokens=128, seed=0,
 )  # fmt: skip
 def bench(
@@ -143,8 +143,8 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     and CUDA-graph settings."""
     from specgen.drafting import DRAFTERS, method_of
     from specgen.hub import resolve_drafter
-    from specgen.pipeline import METHODS
     from specgen.registry import MODELS
+    from specgen.spec import METHODS
 
     by_method = {}
     for path in drafters:
@@ -175,5 +175,5 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
             )
             continue
         spec = run.spec(method=name, drafter=by_method.get(name))
-        pipes[name] = base.with_spec(spec, notify=notify)
+        pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
     return pipes

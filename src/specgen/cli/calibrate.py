@@ -23,7 +23,7 @@ from specgen.prompts import read_prompts
 
 @run_options(
     "model", "drafter", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "quiet", "debug",
+    "dtype", "context", "think", "quiet", "threads", "debug",
     max_new_tokens=128, seed=0,
 )  # fmt: skip
 def calibrate(

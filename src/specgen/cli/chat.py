@@ -55,7 +55,7 @@ class SessionTotals:
 @run_options(
     "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
     "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "show_drafts", "quiet", "debug",
+    "dtype", "context", "think", "show_drafts", "quiet", "threads", "measure_costs", "debug",
     max_new_tokens=512,
 )  # fmt: skip
 def chat(*, run: Run) -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SHARED = (
     "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
     "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "show_drafts", "quiet", "debug",
+    "dtype", "context", "think", "show_drafts", "quiet", "threads", "measure_costs", "debug",
 )  # fmt: skip
 
 EXAMPLES = """

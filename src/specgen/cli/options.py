@@ -151,6 +151,25 @@ OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (annotation, default)
         _option(bool, "--quiet", "-q", help="No status lines or stats: only the output."),
         False,
     ),
+    "threads": (
+        _option(
+            int | None,
+            "--threads",
+            help="CPU threads for torch (default: torch's, one per core; OMP_NUM_THREADS "
+            "sets it too).",
+        ),
+        None,
+    ),
+    "measure_costs": (
+        _option(
+            bool,
+            "--measure-costs",
+            help="Measure the step costs the scheduler decides from again, instead of using "
+            "the cached ones (they are also re-measured by themselves when the steps "
+            "disagree with them).",
+        ),
+        False,
+    ),
     "debug": (DebugOpt, False),
 }
 
@@ -178,6 +197,8 @@ class Run:
     think: bool = False
     show_drafts: bool = False
     quiet: bool = False
+    threads: int | None = None
+    measure_costs: bool = False
     debug: bool = False
 
     def spec(self, **overrides: Any) -> SpecConfig:
@@ -208,6 +229,12 @@ class Run:
         from specgen.pipeline import Pipeline
 
         quiet_libraries()
+        if self.threads is not None:
+            if self.threads < 1:
+                raise SpecgenError(f"--threads must be at least 1 (got {self.threads})")
+            import torch
+
+            torch.set_num_threads(self.threads)
         return Pipeline.load(
             self.model,
             device=self.device,
@@ -215,6 +242,7 @@ class Run:
             context=self.context,
             spec=spec or self.spec(),
             notify=None if self.quiet else display.status,
+            measure_costs=self.measure_costs,
         )
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -19,9 +20,45 @@ from specgen.drafting.base import DraftMethod
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
 from specgen.paths import specgen_home
-from specgen.scheduling.cost import CostTable
+from specgen.scheduling.cost import CostTable, modeled
+from specgen.stats import GenStats
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
+CHECK_STEPS = 32  # decoding steps a cost table is held against before it is judged
+DRIFT = 2.0  # steps this many times faster or slower than the table: it is stale
+HOST_SLACK = 0.002  # seconds of host work a step may add to its forward (sampling, Python)
+
+
+@dataclass
+class CostCheck:
+    """Whether a measured cost table still describes the machine: the time the decoding
+    steps took, against the table's price for the same steps (`modeled`), summed over
+    answers until `CHECK_STEPS` steps. A table measured while the machine was busy prices
+    plain steps and verifies wrongly for good, and the scheduler then drafts where drafting
+    does not pay (or not where it does). A step may add `HOST_SLACK` of host work to the
+    table's forward, which the forwards of a tiny model would otherwise drown in."""
+
+    predicted: float = 0.0
+    observed: float = 0.0
+    steps: int = 0
+
+    def stale(self, stats: GenStats, table: CostTable) -> float | None:
+        """After an answer: the observed / predicted ratio once judged and out of bounds
+        (then re-measure), else None."""
+        priced = modeled(stats.shapes, table)
+        if priced is None:
+            return None
+        self.predicted += priced[1]
+        self.observed += sum(stats.step_seconds)
+        self.steps += len(stats.shapes)
+        if self.steps < CHECK_STEPS or self.predicted <= 0:
+            return None
+        ratio = self.observed / self.predicted
+        slow = self.observed > DRIFT * self.predicted + HOST_SLACK * self.steps
+        fast = self.observed < self.predicted / DRIFT
+        self.predicted = self.observed = 0.0
+        self.steps = 0
+        return ratio if slow or fast else None
 
 
 def _sync(device: torch.device) -> None:
@@ -128,14 +165,17 @@ def cached_costs(
     notify: Callable[[str], None] | None = None,
     *,
     graphs: bool = False,
+    fresh: bool = False,
 ) -> CostTable:
     """The cost table of `method` on `model` (`key`: the model's identity): the target's
     verify costs up to its longest draft (`target_costs`) and each mounted drafter's draft
-    costs, measuring what is missing once."""
-    table = target_costs(model, key, method.max_draft_tokens, notify, graphs=graphs)
+    costs, measuring what is missing once; `fresh`: measuring all of it again."""
+    table = target_costs(model, key, method.max_draft_tokens, notify, graphs=graphs, fresh=fresh)
     ident = _identity(model, key, graphs)
     drafts = {
-        name: _draft_costs(model, part, name, f"{ident}|drafter={part.cache_key}", notify)
+        name: _draft_costs(
+            model, part, name, f"{ident}|drafter={part.cache_key}", notify, fresh=fresh
+        )
         for name, part in method.mounted.items()
     }
     return CostTable(table.contexts, table.seconds, drafts)
@@ -148,11 +188,13 @@ def target_costs(
     notify: Callable[[str], None] | None = None,
     *,
     graphs: bool = False,
+    fresh: bool = False,
 ) -> CostTable:
-    """The target's verify costs for up to `max_drafts` drafts, measured once and cached.
-    `graphs`: the session decodes with CUDA graphs, so the steps are timed as replays."""
+    """The target's verify costs for up to `max_drafts` drafts, measured once and cached
+    (`fresh`: measured again). `graphs`: the session decodes with CUDA graphs, so the steps
+    are timed as replays."""
     ident = _identity(model, key, graphs)
-    table = _load_table(_cache_path(ident), max_drafts)
+    table = None if fresh else _load_table(_cache_path(ident), max_drafts)
     if table is None:
         if notify:
             notify("measuring verify costs once for this model and device (cached)")
@@ -177,9 +219,13 @@ def _draft_costs(
     name: str,
     ident: str,
     notify: Callable[[str], None] | None,
+    *,
+    fresh: bool = False,
 ) -> tuple[float, ...]:
     path = _cache_path(ident)
     try:
+        if fresh:
+            raise ValueError("measured again")
         by_length = tuple(float(s) for s in json.loads(path.read_text())["by_length"])
         if len(by_length) < method.max_draft_tokens:
             raise ValueError("measured for shorter drafts")

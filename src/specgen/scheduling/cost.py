@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+# GenStats.shapes: context, drafter, tokens proposed, verify length, tokens committed
+Shape = tuple[int, str | None, int, int, int]
+
 
 @dataclass(frozen=True)
 class CostTable:
@@ -55,3 +58,20 @@ def draft_time(by_length: Sequence[float], k: int) -> float:
     if k <= 0:
         return by_length[-1]
     return by_length[min(k, len(by_length)) - 1]
+
+
+def modeled(shapes: Sequence[Shape], prices: CostTable) -> tuple[int, float] | None:
+    """(tokens committed, modeled seconds) over these steps; None when a step cannot be
+    priced (a drafter without a measured time, or a verify longer than the table)."""
+    tokens, seconds = 0, 0.0
+    for context, drafter, proposed, verify, committed in shapes:
+        row = prices.step_seconds(context)
+        if verify >= len(row):
+            return None
+        seconds += row[verify]
+        if drafter is not None:
+            if drafter not in prices.drafts:
+                return None
+            seconds += prices.draft_cost(proposed, drafter)
+        tokens += committed
+    return tokens, seconds

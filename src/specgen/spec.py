@@ -1,0 +1,64 @@
+"""A `SpecConfig` checked against the registered methods and the model registry, and the
+draft method it names, loaded with its checkpoints resolved (downloaded) first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specgen.config import SpecConfig
+from specgen.drafting import DRAFTERS, Checkpoint, DraftMethod, method_of
+from specgen.errors import SpecgenError
+from specgen.hub import Notify, resolve_drafter
+from specgen.models.transformer import Transformer
+from specgen.registry import MODELS
+
+METHODS = ("ar", *DRAFTERS)  # what --method accepts: plain decoding + registered drafters
+
+
+def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
+    """The method exists; given drafters name their method; a method that needs drafters
+    has them (the registry's for `model` when none were given)."""
+    if spec.method not in METHODS:
+        raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
+    if spec.method == "ar" and isinstance(spec.drafter, tuple):  # the method mounting as many
+        fits = [m for m, cls in DRAFTERS.items() if cls.drafters_needed == len(spec.drafter)]
+        if not fits:
+            raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
+        spec = replace(spec, method=fits[0])
+    elif spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
+        drafter_dir = resolve_drafter(spec.drafter)
+        spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
+    if spec.method == "ar":
+        return spec
+    cls = DRAFTERS[spec.method]
+    if spec.drafter is not None and len(_sources(spec)) != cls.drafters_needed:
+        raise SpecgenError(
+            f"--method {spec.method} takes {cls.drafters_needed} --drafter, "
+            f"got {len(_sources(spec))}"
+        )
+    if spec.drafter is not None or not cls.needs_drafter:
+        return spec
+    entry = MODELS.get(model.lower())
+    drafter = None if entry is None else cls.registry_drafter(entry.drafters)
+    if drafter is None:
+        raise SpecgenError(
+            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
+        )
+    return replace(spec, drafter=drafter)
+
+
+def _sources(spec: SpecConfig) -> tuple[str, ...]:
+    """The drafter checkpoints `spec` names (none, one, or a tuple of them)."""
+    if spec.drafter is None:
+        return ()
+    return spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
+
+
+def load_method(
+    target: Transformer, spec: SpecConfig, target_name: str, notify: Notify | None = None
+) -> DraftMethod:
+    """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
+    checkpoints = [Checkpoint(resolve_drafter(s), s) for s in _sources(spec)]
+    return DRAFTERS[spec.method].load(
+        target, spec, checkpoints, target_name=target_name, notify=notify
+    )

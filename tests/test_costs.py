@@ -1,0 +1,116 @@
+"""Measured step costs that go stale (measured while the machine was busy, say) are found
+by the steps themselves and measured again; `--measure-costs` measures them up front."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen.cli import app
+from specgen.config import SpecConfig
+from specgen.engine.costs import CHECK_STEPS, DRIFT, CostCheck
+from specgen.pipeline import Pipeline
+from specgen.scheduling.cost import CostTable
+from specgen.stats import GenStats
+
+runner = CliRunner()
+
+
+def _stats(steps: int, seconds: float) -> GenStats:
+    """An answer of `steps` plain decoding steps, each taking `seconds`."""
+    stats = GenStats()
+    stats.shapes = [(10 + i, None, 0, 0, 1) for i in range(steps)]
+    stats.step_seconds = [seconds] * steps
+    return stats
+
+
+def test_a_table_is_judged_after_enough_steps_and_only_when_far_off():
+    table = CostTable(contexts=(1,), seconds=((0.02, 0.03),))
+    check = CostCheck()
+    assert check.stale(_stats(CHECK_STEPS - 1, 0.2), table) is None  # too few steps yet
+    assert check.stale(_stats(1, 0.2), table) == pytest.approx(10.0)  # 10x slower: stale
+    for seconds in (0.02 * DRIFT * 0.9, 0.02 / DRIFT * 1.1):  # within the noise allowed
+        assert CostCheck().stale(_stats(CHECK_STEPS, seconds), table) is None
+    assert CostCheck().stale(_stats(CHECK_STEPS, 0.002), table) == pytest.approx(0.1)
+
+
+def test_a_stale_table_is_measured_again_and_decides_from_then_on(tiny_qwen3_deep, tiny_dflash):
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    notes: list[str] = []
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+    pipe = ar.with_spec(spec, notify=notes.append)
+    measured = pipe.costs
+    # as if measured while another process had the CPU: every step priced 50x too dear
+    slow = tuple(tuple(50 * s for s in row) for row in measured.seconds)
+    pipe.costs = replace(measured, seconds=slow)
+    session = pipe.new_session()
+    text = "The quick brown fox"
+    want = ar.generate(text, raw=True, max_new_tokens=CHECK_STEPS + 8).token_ids
+    got = pipe.generate(text, raw=True, max_new_tokens=CHECK_STEPS + 8, session=session)
+    assert got.token_ids == want  # exact whatever the prices
+    assert any("measuring them again" in n for n in notes)
+    assert pipe.costs.seconds[0][0] < slow[0][0] / 5  # measured afresh, not the stale one
+    assert session.scheduler.costs is pipe.costs and pipe.learnt.costs is pipe.costs
+    notes.clear()
+    pipe.costs = replace(pipe.costs, seconds=slow)
+    pipe.generate(text, raw=True, max_new_tokens=CHECK_STEPS + 8)
+    assert not any("again" in n for n in notes)  # once per pipeline, not on every answer
+
+
+def test_fixed_prices_are_not_second_guessed(tiny_qwen3_deep, tiny_dflash):
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    prices = CostTable(contexts=(1,), seconds=((1.0,) * 8,), drafts={"dflash": (0.1,)})
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+    pipe = ar.with_spec(spec, costs=prices)  # seconds per step: nothing like this machine
+    pipe.generate("The quick brown fox", raw=True, max_new_tokens=CHECK_STEPS + 8)
+    assert pipe.costs.seconds == prices.seconds
+
+
+def test_measure_costs_measures_again_up_front(tiny_qwen3_deep, tiny_dflash):
+    args = ["generate", "The quick brown fox", "--model", str(tiny_qwen3_deep), "--json",
+            "--device", "cpu", "--dtype", "float32", "-n", "4",
+            "--drafter", str(tiny_dflash)]  # fmt: skip
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.stderr
+    again = runner.invoke(app, args)  # cached: nothing measured
+    assert again.exit_code == 0 and "measuring" not in again.stderr
+    forced = runner.invoke(app, [*args, "--measure-costs"])
+    assert forced.exit_code == 0, forced.stderr
+    assert "measuring verify costs" in forced.stderr and "drafter's cost" in forced.stderr
+    assert json.loads(forced.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
+
+
+def test_openmp_threads_do_not_spin_long_unless_asked(tmp_path):
+    """A busy neighbour process must not collapse decoding: importing specgen before torch
+    shortens libgomp's spin-wait, and leaves an explicit choice alone."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import specgen, os; print(os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    run = lambda **extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True
+    ).stdout.strip()
+    assert run() == "3000"
+    assert run(GOMP_SPINCOUNT="50") == "50"
+    assert run(OMP_WAIT_POLICY="PASSIVE") == "None"
+
+
+def test_threads_option(tiny_llama):
+    import torch
+
+    base = ["generate", "hi", "--model", str(tiny_llama), "--device", "cpu", "-n", "2", "--json"]
+    before = torch.get_num_threads()
+    try:
+        result = runner.invoke(app, [*base, "--threads", "1"])
+        assert result.exit_code == 0, result.stderr
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    bad = runner.invoke(app, [*base, "--threads", "0"])
+    assert bad.exit_code == 2 and "--threads must be at least 1" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -9,6 +9,16 @@ Public API:
     Pipeline.with_spec(spec) -> another method on the same loaded target
 """
 
+import os
+
+# Before torch loads libgomp: its OpenMP threads spin-wait far shorter than libgomp's
+# default before they sleep. Beside another busy process on a small machine long spins
+# starve the very thread they wait for and decoding collapses; short ones keep the idle
+# speed (docs/results.md, "Threads beside a busy process"). OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT choose otherwise; nothing changes when torch was imported first.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+
 from specgen.config import ModelArgs, SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
 from specgen.pipeline import Chunk, Completion, Pipeline

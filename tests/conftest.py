@@ -105,6 +105,61 @@ def tiny_tokenizer():
     return _TOKENIZER
 
 
+def save_tiny_qwen3_5(path: Path, seed: int = 0, *, layers: int = 6, **text_overrides):
+    """A random tiny Qwen3.5 saved as published: the multimodal
+    `Qwen3_5ForConditionalGeneration` (vision tower included, text under
+    `model.language_model.`), with every norm weight perturbed (its zero-centred norms
+    would otherwise hide a missing 1 + w), plus the tiny tokenizer. Returns the model."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        # peaked enough that greedy ties are rare, tame enough that fp32 rounding is not
+        # amplified through the recurrent layers (at 0.2 two fp32 implementations drift
+        # 2e-4 apart over 80 tokens, at 0.1 2e-5, at 0.05 2e-6)
+        initializer_range=0.1,
+    )
+    text.update(text_overrides)
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=4,
+        num_position_embeddings=16,
+    )
+    config = Qwen3_5Config(
+        text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"]
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # a plain weight (ones at init)
+                weight.normal_(1.0, 0.1)
+            elif "norm" in name:  # zero-centred (zeros at init)
+                weight.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """One saved tiny checkpoint per family (read-only: copy before corrupting)."""
@@ -199,6 +254,7 @@ def save_tiny_dflash(
         num_target_layers=num_target_layers,
         layer_types=layer_types or ["full_attention"] * layers,
         sliding_window=sliding_window,
+        use_sliding_window=sliding_window is not None,
         max_window_layers=layers,
     )
     cfg["dflash_config"] = {"mask_token_id": mask_token_id}
@@ -359,6 +415,14 @@ def tiny_qwen3_deep(tmp_path_factory) -> Path:
     """A 6-layer tiny Qwen3 target (room for DFlash's spread of tapped layers)."""
     path = tmp_path_factory.mktemp("tiny-qwen3-deep")
     save_tiny(path, "qwen3", seed=5, num_hidden_layers=6)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5(tmp_path_factory) -> Path:
+    """A 6-layer tiny Qwen3.5 (layers 3 full attention, the rest Gated DeltaNet)."""
+    path = tmp_path_factory.mktemp("tiny-qwen3_5")
+    save_tiny_qwen3_5(path, seed=3)
     return path
 
 

@@ -109,8 +109,14 @@ def test_chat_survives_a_history_longer_than_the_context(tiny_llama):
 def test_models_lists_every_alias():
     result = run("models", "--json")
     assert result.exit_code == 0
-    aliases = [json.loads(x)["alias"] for x in result.stdout.splitlines()]
-    assert aliases[0] == "smollm2-135m (default)" and "qwen3-8b" in aliases
+    rows = {row["alias"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert list(rows)[0] == "smollm2-135m" and rows["smollm2-135m"]["default"] is True
+    assert not rows["qwen3-8b"]["default"] and rows["qwen3-8b"]["thinking"] is False
+    assert rows["qwen3.5-9b"]["thinking"] is True  # z-lab's Qwen3.5 drafters think
+    assert {"method": "dflash", "repo": "z-lab/Qwen3.5-9B-DFlash"} in rows["qwen3.5-9b"]["drafters"]
+    assert rows["llama3.1-8b"]["repo"] == "meta-llama/Llama-3.1-8B-Instruct"
+    table = run("models")
+    assert "qwen3.5-27b" in table.stdout and "thinking" in table.stdout
 
 
 # --- bad input: one line, non-zero exit, nothing lost -------------------------------------

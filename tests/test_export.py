@@ -78,3 +78,33 @@ def test_cli_prints_the_command_on_stdout_and_notes_on_stderr():
     assert "enable_thinking" in result.stderr
     bad = runner.invoke(app, ["export", "--method", "dspark", "--engine", "tgi", "-m", "qwen3-8b"])
     assert bad.exit_code == 2 and "--engine must be one of vllm, sglang" in bad.stderr
+
+
+def test_qwen3_5_and_llama_exports():
+    """z-lab's flags for its Qwen3.5 drafters, and engines' state buffers for hybrid targets."""
+    vllm = shlex.split(launch_command("vllm", resolve_target("qwen3.5-9b", "dflash", None, None)))
+    assert vllm[:3] == ["vllm", "serve", "Qwen/Qwen3.5-9B"]
+    config = json.loads(vllm[vllm.index("--speculative-config") + 1])
+    assert config == {"method": "dflash", "model": "z-lab/Qwen3.5-9B-DFlash",
+                      "num_speculative_tokens": 15}  # fmt: skip
+    assert vllm[vllm.index("--attention-backend") + 1] == "flash_attn"
+    sglang = launch_command("sglang", resolve_target("qwen3.5-27b", "dflash", None, None))
+    assert "--speculative-draft-model-path z-lab/Qwen3.5-27B-DFlash" in sglang
+    assert "--mamba-scheduler-strategy extra_buffer" in sglang
+    llama = resolve_target("llama3.1-8b", "dflash", None, None)
+    assert llama.target == "meta-llama/Llama-3.1-8B-Instruct" and not llama.hybrid
+    assert llama.drafter == "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"
+
+
+def test_a_local_qwen3_5_directory_exports_as_hybrid(tiny_qwen3_5, tiny_dflash):
+    serve = resolve_target(str(tiny_qwen3_5), "dflash", str(tiny_dflash), None)
+    assert serve.hybrid and serve.block_size == 8
+    assert "extra_buffer" in launch_command("sglang", serve)
+
+
+def test_the_thinking_note_follows_the_drafters_training():
+    args = ["export", "--method", "dflash", "--engine", "vllm", "--model"]
+    qwen35 = runner.invoke(app, [*args, "qwen3.5-4b"])
+    assert qwen35.exit_code == 0 and "trained with thinking on" in qwen35.stderr
+    qwen3 = runner.invoke(app, [*args, "qwen3-4b"])
+    assert '"enable_thinking": false' in qwen3.stderr and "thinking on" not in qwen3.stderr

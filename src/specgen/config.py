@@ -1,21 +1,30 @@
 """Frozen configuration dataclasses: one per concern.
 
-`ModelArgs.from_hf` reads a Hugging Face `config.json` of the Llama, Qwen2 and Qwen3
-families into the few numbers our decoder needs; unknown keys are ignored, unsupported
-features (sliding windows, exotic RoPE scaling) are refused with a clear message rather
-than silently computed wrong.
+`ModelArgs.from_hf` reads a Hugging Face `config.json` of the Llama, Qwen2, Qwen3 and
+Qwen3.5 (hybrid) families into the few numbers our decoder needs; unknown keys are ignored,
+unsupported features (sliding windows, exotic RoPE scaling, mixture-of-experts layers) are
+refused with a clear message rather than silently computed wrong.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specgen.errors import CheckpointError, SpecgenError
 
 # model_type -> family. The family decides which projections carry biases and whether the
 # attention has per-head q/k RMSNorm; everything else is read from the config itself.
-FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+FAMILIES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_5": "qwen3_5",  # the multimodal checkpoint: text fields in `text_config`
+    "qwen3_5_text": "qwen3_5",
+}
+# Hybrid families whose mixture-of-experts variants specgen does not run (no expert layers).
+MOE_TYPES = {"qwen3_5_moe": "Qwen3.5", "qwen3_5_moe_text": "Qwen3.5", "qwen3_next": "Qwen3-Next"}
+LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's `layer_types`
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 
@@ -33,8 +42,27 @@ class RopeArgs:
 
 
 @dataclass(frozen=True)
+class HybridArgs:
+    """Qwen3.5's Gated DeltaNet layers: which layers they are, and their shapes."""
+
+    layer_types: tuple[str, ...]  # per layer: LINEAR (Gated DeltaNet) or FULL (attention)
+    conv_kernel: int  # the depthwise causal conv over q/k/v
+    key_heads: int
+    value_heads: int  # a multiple of key_heads: each q/k head serves several value heads
+    key_dim: int
+    value_dim: int
+
+    @property
+    def conv_dim(self) -> int:  # channels of the conv: q, k and v side by side
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def linear(self, layer: int) -> bool:
+        return self.layer_types[layer] == LINEAR
+
+
+@dataclass(frozen=True)
 class ModelArgs:
-    """The shape of a target decoder (Llama, Qwen2 or Qwen3 family)."""
+    """The shape of a target decoder (Llama, Qwen2, Qwen3 or Qwen3.5 family)."""
 
     family: str
     vocab_size: int
@@ -54,12 +82,31 @@ class ModelArgs:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # Qwen3.5: Gated DeltaNet layers beside the attention ones, a sigmoid output gate on
+    # attention, RoPE on the first `rotary_dim` channels of a head only, and zero-centred
+    # RMSNorm weights (the scale is 1 + weight)
+    hybrid: HybridArgs | None = None
+    attn_output_gate: bool = False
+    rotary_dim: int | None = None  # None: the whole head
+    norm_offset: bool = False
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], *, name: str = "model") -> ModelArgs:
         """Build from a parsed HF config.json; `name` is only used in error messages."""
         model_type = cfg.get("model_type")
+        if model_type in MOE_TYPES or cfg.get("num_experts"):
+            family_name = MOE_TYPES.get(str(model_type), str(model_type))
+            raise CheckpointError(
+                f"{name}: {family_name} mixture-of-experts targets are not supported (specgen "
+                "has no expert layers); the dense models run (e.g. qwen3.5-4b, -9b, -27b)"
+            )
         family = FAMILIES.get(str(model_type))
+        if family == "qwen3_5":
+            return _qwen3_5_from_hf(cfg, name)
         if family is None:
             arch = ", ".join(cfg.get("architectures") or []) or "unknown architecture"
             raise CheckpointError(
@@ -99,6 +146,72 @@ class ModelArgs:
             raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
+
+
+def _qwen3_5_from_hf(cfg: dict[str, Any], name: str) -> ModelArgs:
+    """Qwen3.5's text backbone: from `text_config` of the multimodal checkpoint (the vision
+    tower is never read), or from a text-only config."""
+    text = cfg.get("text_config") or cfg
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{name}: config.json has a malformed text_config")
+    if text.get("num_experts"):
+        return ModelArgs.from_hf({**text, "model_type": "qwen3_5_moe"}, name=name)
+    try:
+        layers = int(text["num_hidden_layers"])
+        types = tuple(text.get("layer_types") or _default_layer_types(text, layers))
+        if len(types) != layers or set(types) - {LINEAR, FULL}:
+            raise CheckpointError(
+                f"{name}: layer_types must give {LINEAR!r} or {FULL!r} for each of the "
+                f"{layers} layers (got {list(types)})"
+            )
+        hybrid = HybridArgs(
+            layer_types=types,
+            conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
+            key_heads=int(text.get("linear_num_key_heads", 16)),
+            value_heads=int(text.get("linear_num_value_heads", 32)),
+            key_dim=int(text.get("linear_key_head_dim", 128)),
+            value_dim=int(text.get("linear_value_head_dim", 128)),
+        )
+        if hybrid.value_heads % hybrid.key_heads:
+            raise CheckpointError(
+                f"{name}: linear_num_value_heads {hybrid.value_heads} is not a multiple of "
+                f"linear_num_key_heads {hybrid.key_heads}"
+            )
+        params = text.get("rope_parameters") or {}
+        partial = float(
+            params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+        )
+        base = {**text, "model_type": "qwen3", "rope_parameters": params}
+        base.setdefault("head_dim", 256)
+        base.setdefault("rope_theta", params.get("rope_theta", 10000.0))
+        # the multimodal wrapper decides tying at the top, a text-only config in its own fields
+        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        args = ModelArgs.from_hf({**base, "tie_word_embeddings": tie}, name=name)
+    except KeyError as e:
+        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
+    rotary = int(args.head_dim * partial)
+    if rotary % 2 or not 0 < rotary <= args.head_dim:
+        raise CheckpointError(
+            f"{name}: partial_rotary_factor {partial} gives no usable rotary size"
+        )
+    eos = args.eos_token_ids or _ids(cfg.get("eos_token_id"))
+    return replace(
+        args,
+        family="qwen3_5",
+        hybrid=hybrid,
+        attn_output_gate=bool(text.get("attn_output_gate", True)),
+        rotary_dim=rotary,
+        norm_offset=True,
+        eos_token_ids=eos,
+    )
+
+
+def _default_layer_types(text: dict[str, Any], layers: int) -> list[str]:
+    """transformers' default: every `full_attention_interval`-th layer is full attention."""
+    interval = int(text.get("full_attention_interval", 4))
+    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
 
 
 def _ids(value: Any) -> tuple[int, ...]:

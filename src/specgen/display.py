@@ -85,12 +85,16 @@ def show_stats(stats: GenStats) -> None:
     _err.print(f"[dim]{_escape(stats_line(stats))}[/dim]")
 
 
-def models_table(rows: Iterable[dict[str, str]]) -> Table:
+def models_table(rows: Iterable[dict[str, Any]]) -> Table:
+    """`specgen models`: thinking is the chat mode the drafters were trained with."""
     table = Table(title="specgen models", title_justify="left")
-    for column in ("alias", "repo", "drafters", "status"):
+    for column in ("alias", "repo", "drafters", "thinking", "status"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["alias"], row["repo"], row["drafters"] or "-", row["status"])
+        drafters = ", ".join(f"{d['method']}: {d['repo']}" for d in row["drafters"])
+        thinking = {True: "on", False: "off", None: "-"}[row["thinking"]]
+        alias = row["alias"] + (" (default)" if row["default"] else "")
+        table.add_row(alias, row["repo"], drafters or "-", thinking, row["status"])
     return table
 
 

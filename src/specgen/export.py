@@ -28,6 +28,8 @@ class ServeTarget:
     method: str
     drafter: str  # Hub repo id or local directory
     block_size: int  # the drafter's block (DFlash: B positions; DSpark: γ drafts)
+    hybrid: bool = False  # recurrent layers (Qwen3.5): the engines keep state buffers
+    thinking: bool | None = None  # the chat mode the drafter was trained with
 
 
 def resolve_target(model: str, method: str, drafter: str | None, block: int | None) -> ServeTarget:
@@ -43,7 +45,22 @@ def resolve_target(model: str, method: str, drafter: str | None, block: int | No
         raise SpecgenError(f"no {method} drafter is known for {model}; pass --drafter PATH|REPO")
     if drafter.startswith(PACKAGED):  # a serving engine needs the directory
         drafter = str(packaged_drafter(drafter))
-    return ServeTarget(target, method, drafter, block or _block_of(drafter, method))
+    hybrid = entry.hybrid if entry else _local_model_type(target) in HYBRID_TYPES
+    return ServeTarget(
+        target, method, drafter, block or _block_of(drafter, method), hybrid,
+        entry.thinking if entry else None,
+    )  # fmt: skip
+
+
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+def _local_model_type(target: str) -> str | None:
+    config = Path(target).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _block_of(drafter: str, method: str) -> int:
@@ -74,6 +91,8 @@ def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
         config["draft_sample_method"] = "probabilistic"  # sample drafts at T > 0 (exact)
         config["enable_adaptive_verification"] = True  # vLLM's confidence scheduler
     argv = ["vllm", "serve", serve.target, "--speculative-config", json.dumps(config)]
+    if serve.hybrid and serve.method == "dflash":  # z-lab's flags for its Qwen3.5 drafters
+        argv += ["--attention-backend", "flash_attn", "--max-num-batched-tokens", "32768"]
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
     return argv + ["--port", str(port)]
@@ -87,6 +106,8 @@ def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
         argv += ["--speculative-num-draft-tokens", str(serve.block_size)]
     else:
         argv += ["--speculative-dspark-block-size", str(serve.block_size)]
+    if serve.hybrid:  # room for the recurrent state of every draft position
+        argv += ["--mamba-scheduler-strategy", "extra_buffer"]
     if tp > 1:
         argv += ["--tp", str(tp)]
     return argv + ["--port", str(port)]
@@ -100,10 +121,20 @@ def launch_command(engine: str, serve: ServeTarget, *, tp: int = 1, port: int = 
 def notes(engine: str, serve: ServeTarget) -> list[str]:
     """What the user should know about running it."""
     out = []
-    if "qwen3" in serve.target.lower():
+    if serve.thinking is False:
         out.append(
             "the public Qwen3 drafters were trained without thinking: send "
             '"chat_template_kwargs": {"enable_thinking": false} with each request'
+        )
+    if serve.thinking is True:
+        out.append(
+            "z-lab's Qwen3.5 drafters were trained with thinking on (the template's default): "
+            'keep "enable_thinking" on, or acceptance drops'
+        )
+    if serve.hybrid and engine == "vllm":
+        out.append(
+            "z-lab's sliding-window drafters (27B) need a vLLM with interleaved-SWA drafters "
+            "(z-lab's README names the build)"
         )
     if engine == "vllm" and serve.method == "dspark":
         out.append(

@@ -23,7 +23,7 @@ from specgen.events import StepEvent
 from specgen.hub import Notify, resolve_model
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
-from specgen.registry import DEFAULT_ALIAS
+from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.spec import checked_spec, load_method
@@ -95,6 +95,9 @@ class Pipeline:
         self.source = source or name  # where the target came from (cost-table key)
         self.learnt: VerifyScheduler | None = None  # the last answer's scheduler: new
         # sessions start from its estimates (VerifyScheduler.learn_from)
+        entry = MODELS.get(name)
+        # the chat template's thinking mode the registry's drafters were trained with
+        self.thinking: bool | None = entry.thinking if entry else None
         self.session = self.new_session()
         self._check: CostCheck | None = None  # measured costs, held against the steps
         self._notify: Notify | None = None
@@ -250,8 +253,13 @@ class Pipeline:
         """The names of the drafters this pipeline drafts with (none for AR)."""
         return () if self.method is None else tuple(self.method.mounted)
 
-    def encode(self, prompt: Prompt, *, raw: bool = False, think: bool = False) -> list[int]:
-        """Token ids for `prompt`: chat-templated unless `raw` (then the text as is)."""
+    def encode(
+        self, prompt: Prompt, *, raw: bool = False, think: bool | None = None
+    ) -> list[int]:
+        """Token ids for `prompt`: chat-templated unless `raw` (then the text as is), in
+        thinking mode if `think` (None: what the model's drafters were trained with)."""
+        if think is None:
+            think = bool(self.thinking)
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise PromptError("empty prompt")
@@ -267,7 +275,7 @@ class Pipeline:
         sampling: SamplingParams | None = None,
         max_new_tokens: int = 256,
         raw: bool = False,
-        think: bool = False,
+        think: bool | None = None,
         session: Session | None = None,
     ) -> Iterator[Chunk]:
         """Yield text as it is generated; the last chunk's stats carry the finish reason."""
@@ -329,7 +337,7 @@ class Pipeline:
         sampling: SamplingParams | None = None,
         max_new_tokens: int = 256,
         raw: bool = False,
-        think: bool = False,
+        think: bool | None = None,
         session: Session | None = None,
     ) -> Completion:
         """Generate to completion (same options as `stream`)."""

@@ -20,6 +20,10 @@ class ModelEntry:
     # A GGUF shipped inside a pip package: (package, file). Used when the Hub repo is not
     # in the local cache, so the default model works offline on a fresh machine.
     embedded_gguf: tuple[str, str] | None = None
+    # The chat template's thinking mode the drafters were trained with (True: on, False:
+    # off, None: the model has none): the default, since a mismatch halves acceptance.
+    thinking: bool | None = None
+    hybrid: bool = False  # recurrent (Gated DeltaNet) layers: engines need state buffers
 
 
 DEFAULT_ALIAS = "smollm2-135m"
@@ -46,6 +50,7 @@ MODELS: dict[str, ModelEntry] = {
                 "dflash": "z-lab/Qwen3-4B-DFlash-b16",
                 "dspark": "deepseek-ai/dspark_qwen3_4b_block7",
             },
+            thinking=False,  # both trained on non-thinking answers
         ),
         ModelEntry(
             alias="qwen3-8b",
@@ -55,12 +60,32 @@ MODELS: dict[str, ModelEntry] = {
                 "dflash": "z-lab/Qwen3-8B-DFlash-b16",
                 "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
             },
+            thinking=False,
         ),
         ModelEntry(
             alias="qwen3-14b",
             repo="Qwen/Qwen3-14B",
             description="Qwen3 14B",
             drafters={"dspark": "deepseek-ai/dspark_qwen3_14b_block7"},
+            thinking=False,
+        ),
+        # z-lab's Qwen3.5 drafters are run with thinking on in its examples and benchmarks
+        *(
+            ModelEntry(
+                alias=f"qwen3.5-{size.lower()}",
+                repo=f"Qwen/Qwen3.5-{size}",
+                description=f"Qwen3.5 {size} (hybrid: Gated DeltaNet + attention)",
+                drafters={"dflash": f"z-lab/Qwen3.5-{size}-DFlash"},
+                thinking=True,
+                hybrid=True,
+            )
+            for size in ("4B", "9B", "27B")
+        ),
+        ModelEntry(
+            alias="llama3.1-8b",
+            repo="meta-llama/Llama-3.1-8B-Instruct",
+            description="Llama 3.1 8B Instruct (gated on the Hub: accept its terms, set HF_TOKEN)",
+            drafters={"dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"},
         ),
     )
 }

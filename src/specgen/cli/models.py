@@ -30,9 +30,11 @@ def models(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
         for entry in MODELS.values():
             rows.append(
                 {
-                    "alias": entry.alias + (" (default)" if entry.alias == DEFAULT_ALIAS else ""),
+                    "alias": entry.alias,
+                    "default": entry.alias == DEFAULT_ALIAS,
                     "repo": entry.repo,
-                    "drafters": ", ".join(f"{m}: {r}" for m, r in entry.drafters.items()),
+                    "drafters": [{"method": m, "repo": r} for m, r in entry.drafters.items()],
+                    "thinking": entry.thinking,  # the mode its drafters were trained with
                     "status": _status(entry),
                 }
             )

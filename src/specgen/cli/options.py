@@ -135,11 +135,13 @@ OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (annotation, default)
     ),
     "think": (
         _option(
-            bool,
+            bool | None,
             "--think/--no-think",
-            help="Qwen3 thinking mode (off by default: public drafters were trained without it).",
+            help="The chat template's thinking mode (Qwen3, Qwen3.5). Default: what the "
+            "model's drafters were trained with (`specgen models`: off for Qwen3, on for "
+            "Qwen3.5); the other mode lowers acceptance.",
         ),
-        False,
+        None,
     ),
     "show_drafts": (
         _option(
@@ -194,7 +196,7 @@ class Run:
     device: str = "auto"
     dtype: str = "auto"
     context: int | None = None
-    think: bool = False
+    think: bool | None = None
     show_drafts: bool = False
     quiet: bool = False
     threads: int | None = None
@@ -235,7 +237,7 @@ class Run:
             import torch
 
             torch.set_num_threads(self.threads)
-        return Pipeline.load(
+        pipe = Pipeline.load(
             self.model,
             device=self.device,
             dtype=self.dtype,
@@ -244,6 +246,14 @@ class Run:
             notify=None if self.quiet else display.status,
             measure_costs=self.measure_costs,
         )
+        if self.think is not None and pipe.method is not None and pipe.thinking is not None:
+            if self.think != pipe.thinking:  # said once, when the pipeline is loaded
+                trained = "on" if pipe.thinking else "off"
+                display.note(
+                    f"note: {pipe.name}'s drafters were trained with thinking {trained}; "
+                    f"--{'' if self.think else 'no-'}think will lower their acceptance"
+                )
+        return pipe
 
 
 assert set(OPTIONS) == {f.name for f in fields(Run)}

@@ -25,12 +25,14 @@ class Session:
         *,
         graphs: bool = False,
     ) -> None:
-        self.cache = model.new_cache(capacity)
+        # the longest step: every position of it can be rolled back to (a hybrid target
+        # keeps recurrent state for that)
+        max_tokens = 1 + (drafter.max_draft_tokens if drafter is not None else 0)
+        self.cache = model.new_cache(capacity, steps=max_tokens)
         # what the decoding loops call for target forwards: the model itself, or its decode
         # and verify steps as CUDA graphs bound to this session's cache
         self.forward: Transformer | GraphedForward = model
         if graphs:
-            max_tokens = 1 + (drafter.max_draft_tokens if drafter is not None else 0)
             self.forward = GraphedForward(model, self.cache, max_tokens=max_tokens, capture=True)
         self.drafter = drafter  # its context mirrors the cache: rolled back with it
         self.scheduler = scheduler  # acceptance estimates of this conversation
@@ -52,13 +54,14 @@ class Session:
         limit = min(len(self.ids), len(prompt_ids) - 1)
         while keep < limit and self.ids[keep] == prompt_ids[keep]:
             keep += 1
+        keep = self.cache.restorable(keep)  # a hybrid target's state may reach less far back
         self._rollback(keep)
         self.ids = list(prompt_ids[:keep])
         return list(prompt_ids[keep:])
 
     def settle(self, sequence: list[int]) -> None:
         """After generating `sequence` (prompt + output), trust only what the cache holds."""
-        n = min(self.cache.length, len(sequence))
+        n = self.cache.restorable(min(self.cache.length, len(sequence)))
         self._rollback(n)
         self.ids = list(sequence[:n])
 

@@ -23,11 +23,14 @@ from specgen.kernels import backend, triton_available
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as transformers rounds it: in fp32 the fused `F.rms_norm` (same maths); in
     bf16/fp16 normalised in fp32, rounded to the model dtype, then multiplied by the weight,
-    so reduced-precision logits stay as close to transformers' as possible."""
+    so reduced-precision logits stay as close to transformers' as possible. An fp32 weight
+    with bf16/fp16 input (Qwen3.5's zero-centred norms) scales in fp32 and rounds once."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32:  # zero-centred norms (Qwen3.5): scaled, then rounded
+        return (xf * weight).to(x.dtype)
     return weight * xf.to(x.dtype)
 
 
@@ -109,7 +112,7 @@ if triton_available():
             h_size,
             eps,
             HAS_RESIDUAL=res is not None,
-            ROUND_BEFORE_WEIGHT=x.dtype != torch.float32,
+            ROUND_BEFORE_WEIGHT=x.dtype != torch.float32 and weight.dtype != torch.float32,
             BLOCK=triton.next_power_of_2(h_size),
         )
         return out.view(shape), h.view(shape)

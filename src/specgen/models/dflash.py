@@ -11,7 +11,9 @@ A few Qwen3-style layers (q/k RMSNorm) whose keys and values come from two place
   are written after the context but never committed, so they vanish after the pass.
 The final `norm` output goes through the target's LM head (the checkpoint has neither an
 embedding nor a head). Slot k of the block predicts the token at anchor_pos + k.
-Layers marked `sliding_attention` only see keys within `sliding_window` positions.
+Layers marked `sliding_attention` see only the block slots up to their own (unless the
+config's `is_causal` says otherwise) and, under `use_sliding_window`, only keys within
+`sliding_window` positions: z-lab's reference (PyPI `dflash`) reads its configs so.
 """
 
 from __future__ import annotations
@@ -28,14 +30,8 @@ from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.kv_cache import StaticKVCache
-from specgen.models.loading import (
-    Plan,
-    SafetensorsIndex,
-    fill,
-    layer_plan,
-    read_config,
-    shape_for,
-)
+from specgen.models.loading import SafetensorsIndex, fill, read_config
+from specgen.models.plans import Plan, layer_plan, shape_for
 from specgen.models.rope import rope_tables
 from specgen.models.transformer import DecoderLayer, Transformer, device_positions, new_weight
 
@@ -59,6 +55,10 @@ class DFlashArgs:
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None
     windows: tuple[int | None, ...]  # per layer: sliding window, or None for full attention
+    # per layer: whether block slot i sees only slots <= i of its own block. z-lab's rule:
+    # sliding-window layers are causal, full ones not, unless the config's `is_causal` says
+    causal: tuple[bool, ...] = ()
+    is_causal: bool | None = None  # the config's field, as given (written back by training)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], *, name: str) -> DFlashArgs:
@@ -78,21 +78,29 @@ class DFlashArgs:
                 )
             ids = build_target_layer_ids(int(num_target), layers.num_layers)
         types = cfg.get("layer_types") or ["full_attention"] * layers.num_layers
-        window = cfg.get("sliding_window")
+        # as z-lab's reference reads it (through transformers' Qwen3Config): the window of
+        # the sliding layers applies only under `use_sliding_window`
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
         if len(types) != layers.num_layers:
             raise CheckpointError(
                 f"{name}: layer_types has {len(types)} entries for {layers.num_layers} layers"
             )
-        if "sliding_attention" in types and not window:
+        if cfg.get("use_sliding_window") and "sliding_attention" in types and not window:
             raise CheckpointError(f"{name}: sliding_attention layers but no sliding_window")
-        windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
+        windows = tuple(int(window) if t == "sliding_attention" and window else None for t in types)
+        explicit = cfg.get("is_causal")
+        causal = tuple(
+            (t == "sliding_attention") if explicit is None else bool(explicit) for t in types
+        )
         return cls(
             layers=layers,
-            block_size=int(cfg.get("block_size", 16)),
+            block_size=int(nested.get("block_size", cfg.get("block_size", 16))),
             mask_token_id=int(mask),
             target_layer_ids=tuple(int(i) for i in ids),
             num_target_layers=None if num_target is None else int(num_target),
             windows=windows,
+            causal=causal,
+            is_causal=None if explicit is None else bool(explicit),
         )
 
 
@@ -195,7 +203,7 @@ class DFlashNet(nn.Module):
         start, t = cache.length, x.shape[1]
         cos, sin = self._cos[start : start + t], self._sin[start : start + t]
         for i, layer in enumerate(self.layers):
-            mask = _window_mask(self.args.windows[i], start, t, x.device)
+            mask = _window_mask(self.args.windows[i], start, t, x.device, self.args.causal[i])
             x = layer(x, cos, sin, cache, i, mask, False)  # written, never committed
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
 
@@ -210,20 +218,28 @@ class DFlashNet(nn.Module):
         graph of the draft step (models/graphs.py)."""
         positions, length, cos, sin = device_positions(start, x.shape[1], self._cos, self._sin)
         for i, layer in enumerate(self.layers):
-            window = self.args.windows[i]
+            window, causal = self.args.windows[i], self.args.causal[i]
             x = layer.forward_static(
-                x, cos, sin, cache, i, positions, length, causal=False, window=window
+                x, cos, sin, cache, i, positions, length, causal=causal, window=window
             )
         return rms_norm(x, self.norm, self.args.layers.rms_norm_eps)
 
 
-def _window_mask(window: int | None, start: int, t: int, device: torch.device):
-    """For a sliding layer: key k is visible to query q iff |q - k| < window."""
-    if window is None:
+def _window_mask(
+    window: int | None, start: int, t: int, device: torch.device, causal: bool = False
+) -> torch.Tensor | None:  # [T, start + T] bool, None: every key visible
+    """Which keys a block's queries see: in a sliding layer those less than `window` away
+    (behind the query when `causal`, on either side otherwise); in a causal layer none
+    after the query."""
+    if window is None and not causal:
         return None
     q = torch.arange(start, start + t, device=device)[:, None]
     k = torch.arange(start + t, device=device)[None, :]
-    return (q - k).abs() < window
+    offset = q - k
+    visible = offset >= 0 if causal else torch.ones_like(offset, dtype=torch.bool)
+    if window is not None:
+        visible = visible & (offset.abs() < window)
+    return visible
 
 
 def backbone_plan(net: DFlashNet) -> Plan:

@@ -44,11 +44,12 @@ def reference_block_hidden(
         k = apply_rope(k, cos, sin).transpose(1, 2).repeat_interleave(nq // nkv, dim=1)
         v = v.transpose(1, 2).repeat_interleave(nq // nkv, dim=1)
         scores = q @ k.transpose(-1, -2) / d**0.5  # [1, nq, B, L+B]
-        window = net.args.windows[i]
+        window, causal = net.args.windows[i], net.args.causal[i]
+        offset = torch.arange(length, length + size)[:, None] - torch.arange(length + size)
+        if causal:  # a block slot sees no later slot
+            scores = scores.masked_fill(offset < 0, float("-inf"))
         if window is not None:
-            qpos = torch.arange(length, length + size)[:, None]
-            kpos = torch.arange(length + size)[None, :]
-            scores = scores.masked_fill((qpos - kpos).abs() >= window, float("-inf"))
+            scores = scores.masked_fill(offset.abs() >= window, float("-inf"))
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, size, nq * d)
         x = x + F.linear(out, layer.wo)
         gate, up = F.linear(_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, -1)

@@ -36,7 +36,8 @@ from torch import nn
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.dflash import DFlashArgs, DFlashNet, backbone_plan, backbone_shape, check_pair
-from specgen.models.loading import Plan, SafetensorsIndex, fill, read_config
+from specgen.models.loading import SafetensorsIndex, fill, read_config
+from specgen.models.plans import Plan
 from specgen.models.transformer import Transformer, new_weight
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")

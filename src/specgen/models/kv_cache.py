@@ -52,10 +52,23 @@ class StaticKVCache:
             raise ContextLimitError(
                 f"context limit reached: {end} tokens do not fit in {self.capacity}"
             )
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
+        slot = self.slot(layer)
+        self.k[slot, :, :, start:end] = k
+        self.v[slot, :, :, start:end] = v
         self._written = end
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        return self.k[slot, :, :, :end], self.v[slot, :, :, :end]
+
+    def slot(self, layer: int) -> int:
+        """Where `layer`'s keys and values live (a hybrid cache holds attention layers only)."""
+        return layer
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The buffers it keeps (for memory figures)."""
+        return [self.k, self.v]
+
+    def restorable(self, length: int) -> int:
+        """The longest length <= `length` it can roll back to: any, for keys and values."""
+        return min(length, self.length)
 
     def reserve(self, tokens: int) -> int:
         """Claim [length, length + tokens) for a write through `write_at` (whose positions
@@ -76,8 +89,8 @@ class StaticKVCache:
         v: torch.Tensor,  # [B, n_kv, T, d]
     ) -> None:
         """Store K/V at positions held in device memory (no host value: graph-capturable)."""
-        self.k[layer].index_copy_(2, positions, k)
-        self.v[layer].index_copy_(2, positions, v)
+        self.k[self.slot(layer)].index_copy_(2, positions, k)
+        self.v[self.slot(layer)].index_copy_(2, positions, v)
 
     def make_finite(self) -> None:
         """Zero every position never written. The masked (graph-capturable) attention

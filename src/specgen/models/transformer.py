@@ -1,8 +1,10 @@
-"""The target decoder: one lean implementation of the Llama, Qwen2 and Qwen3 families.
+"""The target decoder: one lean implementation of the Llama, Qwen2, Qwen3 and Qwen3.5 families.
 
-The three families differ only in which projections carry a bias and whether q/k get a
-per-head RMSNorm (Qwen3), so one module covers them. q/k/v and gate/up are stored fused so
-a decode step issues two matmuls fewer per layer; the loader stacks HF tensors into them.
+The attention families differ only in which projections carry a bias and whether q/k get
+a per-head RMSNorm (Qwen3), so one module covers them; Qwen3.5 adds an output gate and
+partial RoPE to attention and puts Gated DeltaNet layers (models/gated_deltanet.py) between
+its attention layers. q/k/v and gate/up are stored fused so a decode step issues two
+matmuls fewer per layer; the loader stacks HF tensors into them.
 
 `forward` takes any number of new tokens: a prompt (prefill), one token (decode) or a
 verify block. Their K/V go into the static cache after its current length; attention is
@@ -22,7 +24,10 @@ from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
-from specgen.kernels.rmsnorm import add_rms_norm, rms_norm
+from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.blocks import add_mlp, new_weight, norm_weight, residual_mlp
+from specgen.models.gated_deltanet import GatedDeltaNetLayer
+from specgen.models.hybrid_cache import HybridCache
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.rope import rope_tables
 
@@ -33,29 +38,23 @@ class ForwardOutput:
     taps: dict[int, torch.Tensor]  # layer id -> hidden state after that layer, [B, T, H]
 
 
-def new_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.args = args
-        h, d, inter = args.hidden_size, args.head_dim, args.intermediate_size
-        n_qkv = (args.num_heads + 2 * args.num_kv_heads) * d
-        w = dict(dtype=dtype, device=device)
-        self.attn_norm = new_weight(h, **w)
+        h, d = args.hidden_size, args.head_dim
+        # Qwen3.5's gated attention: q_proj yields each head's query and its output gate
+        self.q_rows = args.num_heads * d * (2 if args.attn_output_gate else 1)
+        n_qkv = self.q_rows + 2 * args.num_kv_heads * d
+        w, nw = dict(dtype=dtype, device=device), norm_weight(args, dtype, device)
+        self.attn_norm = nw(h)
         self.wqkv = new_weight(n_qkv, h, **w)
         self.bqkv = new_weight(n_qkv, **w) if args.qkv_bias else None
-        self.q_norm = new_weight(d, **w) if args.qk_norm else None
-        self.k_norm = new_weight(d, **w) if args.qk_norm else None
+        self.q_norm = nw(d) if args.qk_norm else None
+        self.k_norm = nw(d) if args.qk_norm else None
         self.wo = new_weight(h, args.num_heads * d, **w)
         self.bo = new_weight(h, **w) if args.o_bias else None
-        self.ffn_norm = new_weight(h, **w)
-        self.w_gate_up = new_weight(2 * inter, h, **w)
-        self.b_gate_up = new_weight(2 * inter, **w) if args.mlp_bias else None
-        self.w_down = new_weight(h, inter, **w)
-        self.b_down = new_weight(h, **w) if args.mlp_bias else None
+        add_mlp(self, args, dtype, device)
 
     def project_kv(
         self,
@@ -66,7 +65,7 @@ class DecoderLayer(nn.Module):
         """Keys and values of inputs that serve only as keys (no query, no residual)."""
         a = self.args
         bsz, t, _ = h.shape
-        q_rows, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q_rows, kv = self.q_rows, a.num_kv_heads * a.head_dim
         bias = None if self.bqkv is None else self.bqkv[q_rows:]
         k, v = linear(h, self.wqkv[q_rows:], bias).split([kv, kv], dim=-1)
         k = k.view(bsz, t, a.num_kv_heads, a.head_dim)
@@ -85,9 +84,9 @@ class DecoderLayer(nn.Module):
         mask: torch.Tensor | None,  # [T, L+T] bool, None when every key is visible
         causal: bool,
     ) -> torch.Tensor:  # [B, T, H]
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v, gate = self._qkv(x, cos, sin)
         keys, values = cache.write(layer_id, k, v)
-        return self._output(x, attention(q, keys, values, mask, causal))
+        return self._output(x, attention(q, keys, values, mask, causal), gate)
 
     def forward_static(
         self,
@@ -103,34 +102,56 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [B, T, H]
         """`forward` with the positions in device memory: no host value, no shape that
         depends on the cache length, so a CUDA graph of it replays at any length."""
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v, gate = self._qkv(x, cos, sin)
         cache.write_at(layer_id, positions, k, v)
-        out = block_attention(q, cache.k[layer_id], cache.v[layer_id], length, causal, window)
-        return self._output(x, out)
+        slot = cache.slot(layer_id)
+        out = block_attention(q, cache.k[slot], cache.v[slot], length, causal, window)
+        return self._output(x, out, gate)
 
     def _qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [B, n, T, d] each, q and k roped
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q, k (roped) and v, [B, n, T, d] each, and the output gate [B, T, nq*d] if any."""
         a = self.args
         bsz, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, a.rms_norm_eps)
         qkv = linear(h, self.wqkv, self.bqkv)
-        nq, nkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-        v = qkv[..., (nq + nkv) * d :].view(bsz, t, nkv, d).transpose(1, 2)
-        qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
-        if self.q_norm is not None:  # q and k heads together: one set of ops (or one kernel)
+        nq, nkv, d, rows = a.num_heads, a.num_kv_heads, a.head_dim, self.q_rows
+        v = qkv[..., rows + nkv * d :].view(bsz, t, nkv, d).transpose(1, 2)
+        gate = None
+        if a.attn_output_gate:  # per head: d query channels, then d gate channels
+            q_gate = qkv[..., :rows].view(bsz, t, nq, 2 * d)
+            gate = q_gate[..., d:].reshape(bsz, t, nq * d)
+            k = qkv[..., rows : rows + nkv * d].view(bsz, t, nkv, d)
+            qk = torch.cat((q_gate[..., :d], k), dim=2)
+        else:
+            qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
+        if a.rope_dim < d:  # partial rotary (Qwen3.5): norms, then RoPE on the first channels
+            q = rms_norm(qk[:, :, :nq], self.q_norm, a.rms_norm_eps)
+            k = rms_norm(qk[:, :, nq:], self.k_norm, a.rms_norm_eps)
+            qk = apply_partial_rope(torch.cat((q, k), dim=2), cos, sin)
+        elif self.q_norm is not None:  # q and k heads together: one set of ops (or one kernel)
             qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, a.rms_norm_eps)
         else:
             qk = apply_rope(qk, cos, sin)
-        return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), v
+        return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), v, gate
 
-    def _output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # [B, T, H]
-        """Output projection, residual, MLP: what follows attention (`out`: [B, nq, T, d])."""
+    def _output(
+        self, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> torch.Tensor:  # [B, T, H]
+        """Output gate, projection, residual, MLP: what follows attention (`out`:
+        [B, nq, T, d])."""
         bsz, t, _ = x.shape
-        attn = linear(out.transpose(1, 2).reshape(bsz, t, -1), self.wo, self.bo)
-        h, x = add_rms_norm(attn, self.ffn_norm, self.args.rms_norm_eps, residual=x)
-        gate, up = linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w_down, self.b_down)
+        out = out.transpose(1, 2).reshape(bsz, t, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return residual_mlp(self, x, linear(out, self.wo, self.bo))
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first cos.shape[-1] channels of each head; the rest pass through."""
+    r = cos.shape[-1]
+    return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
 class Transformer(nn.Module):
@@ -148,26 +169,33 @@ class Transformer(nn.Module):
         self.args = args
         self.dtype = dtype
         self.embed = new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
-        self.layers = nn.ModuleList(DecoderLayer(args, dtype, dev) for _ in range(args.num_layers))
-        self.norm = new_weight(args.hidden_size, dtype=dtype, device=dev)
+        self.layers = nn.ModuleList(_layer(args, i, dtype, dev) for i in range(args.num_layers))
+        self.norm = norm_weight(args, dtype, dev)(args.hidden_size)
         self.lm_head = (
             self.embed  # tied: the same storage
             if args.tie_word_embeddings
             else new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
         )
-        self._cos = self._sin = torch.empty(0, args.head_dim, dtype=dtype, device=dev)
+        self._cos = self._sin = torch.empty(0, args.rope_dim, dtype=dtype, device=dev)
 
     @property
     def device(self) -> torch.device:
         return self.embed.device
 
-    def new_cache(self, capacity: int, batch: int = 1) -> StaticKVCache:
-        """Allocate a KV cache for `capacity` positions (the context limit)."""
+    def new_cache(self, capacity: int, batch: int = 1, steps: int = 1) -> StaticKVCache:
+        """Allocate a KV cache for `capacity` positions (the context limit). A hybrid
+        target's cache also keeps recurrent state to roll back into any of the last
+        forward's tokens when it has at most `steps` (1 + the most drafts a step verifies)."""
         a = self.args
         if self._cos.shape[0] < capacity:
             self._cos, self._sin = rope_tables(
-                a.rope, a.head_dim, capacity, dtype=self.dtype, device=self.device
+                a.rope, a.rope_dim, capacity, dtype=self.dtype, device=self.device
             )
+        if a.hybrid is not None:
+            return HybridCache(
+                a, batch=batch, capacity=capacity, steps=steps, dtype=self.dtype,
+                device=self.device,
+            )  # fmt: skip
         return StaticKVCache(
             num_layers=a.num_layers,
             batch=batch,
@@ -225,6 +253,8 @@ class Transformer(nn.Module):
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
         if pad is not None:
             mask, causal = _padding_mask(pad, start, t, mask), False
+        if isinstance(cache, HybridCache):
+            cache.begin(t, prefill=num_logits is not None, pad=pad)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -249,6 +279,8 @@ class Transformer(nn.Module):
         (models/graphs.py captures it once per T and replays it at every length).
         The caller checks the capacity and commits: it knows the length on the host."""
         positions, length, cos, sin = device_positions(start, tokens.shape[1], self._cos, self._sin)
+        if isinstance(cache, HybridCache):
+            cache.begin_static(positions)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -256,6 +288,13 @@ class Transformer(nn.Module):
             if i in taps:
                 tapped[i] = x
         return ForwardOutput(logits=self.logits(x), taps=tapped)
+
+
+def _layer(args: ModelArgs, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Layer i: attention, or a Gated DeltaNet layer where a hybrid target has one."""
+    if args.hybrid is not None and args.hybrid.linear(i):
+        return GatedDeltaNetLayer(args, dtype, device)
+    return DecoderLayer(args, dtype, device)
 
 
 def device_positions(

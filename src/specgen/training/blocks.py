@@ -74,12 +74,14 @@ def block_forward(
     see_block = same[:, None] == same[None, :]
     visible = torch.cat([see_ctx, see_block], dim=1)
     key_pos = torch.cat([torch.arange(n, device=device), qpos.reshape(-1)])
-    distance = (qpos.reshape(-1)[:, None] - key_pos[None, :]).abs()
+    offset = qpos.reshape(-1)[:, None] - key_pos[None, :]  # query minus key position
     x = block_embeds.reshape(a * b, h)
     qcos, qsin = cos[qpos.reshape(-1)], sin[qpos.reshape(-1)]
     for i, layer in enumerate(net.layers):
         window = net.args.windows[i]  # sliding layers see keys with |q - k| < window
-        mask = visible if window is None else visible & (distance < window)
+        mask = visible if window is None else visible & (offset.abs() < window)
+        if net.args.causal[i]:  # and, causal ones, no later slot of their block
+            mask = mask & (offset >= 0)
         wq, wk, wv = layer.wqkv.split([nq * d, nkv * d, nkv * d])
         hn = rms_norm(x, layer.attn_norm, eps)
         q = rms_norm(F.linear(hn, wq).view(1, a * b, nq, d), layer.q_norm, eps)

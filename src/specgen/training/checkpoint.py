@@ -60,12 +60,44 @@ def _rope_config(rope: RopeArgs) -> dict[str, Any]:
     return out
 
 
+# a hybrid target's fields a drafter (plain attention layers) must not inherit
+HYBRID_FIELDS = (
+    "attn_output_gate",
+    "full_attention_interval",
+    "layer_types",
+    "mamba_ssm_dtype",
+    "mtp_num_hidden_layers",
+    "mtp_use_dedicated_embeddings",
+    "partial_rotary_factor",
+)
+
+
+def text_config(target_config: dict[str, Any]) -> dict[str, Any]:
+    """The target's text fields, flat, as a drafter's config starts from them: a multimodal
+    checkpoint's `text_config` (Qwen3.5) without the fields of its recurrent layers, and
+    RoPE as the drafter's plain attention uses it (no partial rotary, no multimodal
+    sections: z-lab's Qwen3.5 drafters rotate whole heads)."""
+    flat = {**target_config, **(target_config.get("text_config") or {})}
+    for key in ("text_config", "vision_config", *HYBRID_FIELDS):
+        flat.pop(key, None)
+    flat = {k: v for k, v in flat.items() if not k.startswith("linear_")}
+    params = flat.get("rope_parameters")
+    if isinstance(params, dict):
+        flat["rope_parameters"] = {
+            k: v
+            for k, v in params.items()
+            if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")  # fmt: skip
+        }
+    return flat
+
+
 def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any]:
     """The target's config with every field of the drafter's own shape written over it
     (its RoPE and windows can differ from the target's: they are the drafter's)."""
     la, args = net.args.layers, net.args
     sliding = [w for w in args.windows if w is not None]
-    base = {k: v for k, v in target_config.items() if k not in ("rope_scaling", "rope_theta")}
+    text = text_config(target_config)
+    base = {k: v for k, v in text.items() if k not in ("rope_scaling", "rope_theta")}
     return {
         **base,
         "num_hidden_layers": la.num_layers,
@@ -80,11 +112,12 @@ def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any
             "full_attention" if w is None else "sliding_attention" for w in args.windows
         ],
         "sliding_window": sliding[0] if sliding else None,
-        "use_sliding_window": False,
+        "use_sliding_window": bool(sliding),
         "block_size": args.block_size,
         "num_target_layers": args.num_target_layers,
         "tie_word_embeddings": False,
         "model_type": "qwen3",
+        **({} if args.is_causal is None else {"is_causal": args.is_causal}),
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specgen.errors import SpecgenError
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 from specgen.models.transformer import Transformer
@@ -35,6 +36,11 @@ def random_init(net: DFlashNet | DSparkNet, seed: int) -> None:
 
 
 def init_from_target(net: DFlashNet | DSparkNet, target: Transformer) -> None:
+    if target.args.hybrid is not None or target.args.attn_output_gate:
+        raise SpecgenError(
+            "--init target copies the target's attention layers into the drafter, but this "
+            "target's are Gated DeltaNet and gated-attention layers (Qwen3.5); use --init random"
+        )
     backbone = net.backbone if isinstance(net, DSparkNet) else net
     taps = backbone.args.target_layer_ids
     top = max(taps)

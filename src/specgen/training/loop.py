@@ -24,7 +24,7 @@ from specgen.drafting.vocab import save_draft_vocab
 from specgen.models.dflash import DFlashArgs, DFlashNet
 from specgen.models.dspark import DSparkArgs, DSparkNet
 from specgen.models.transformer import Transformer
-from specgen.training.checkpoint import save_drafter
+from specgen.training.checkpoint import save_drafter, text_config
 from specgen.training.evaluate import offline_acceptance
 from specgen.training.features import target_features
 from specgen.training.init import init_from_target, random_init
@@ -72,7 +72,7 @@ def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: Train
 
     ids = list(cfg.target_layers) or build_target_layer_ids(target_layers, 3)
     out = {
-        **target_config,
+        **text_config(target_config),
         "model_type": "qwen3",
         "num_hidden_layers": cfg.draft_layers,
         "layer_types": ["full_attention"] * cfg.draft_layers,

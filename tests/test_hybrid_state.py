@@ -42,12 +42,7 @@ def pair(tmp_path_factory):
 
 def ours_state(cache) -> list[torch.Tensor]:
     """Each Gated DeltaNet layer's recurrent state and last K-1 conv inputs at the length."""
-    n, k = cache.length, cache.kernel
-    window = torch.tensor([(n - k + 1 + i) % cache.conv_ring for i in range(k - 1)])
-    out = []
-    for j in range(cache.states.shape[0]):
-        out += [cache.states[j][:, n % cache.ring], cache.conv[j][:, :, window]]
-    return out
+    return [x for pair in cache.states() for x in pair]
 
 
 def reference(hf, ids: list[int], prompt: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -107,21 +102,24 @@ def test_every_acceptance_leaves_the_state_of_the_committed_tokens(pair, prefill
             committed += probe
 
 
-def test_the_ring_forgets_old_lengths_and_says_so(pair):
+def test_what_can_be_rolled_back_to_and_what_not(pair):
+    """The last two steps' lengths (a step writes the generation it does not read), and the
+    snapshots a prefill leaves near and at its end; nothing else."""
     _, model = pair
-    cache = model.new_cache(256, steps=3)
+    cache = model.new_cache(256, steps=4)
     model(torch.tensor([_tokens(40, 1)]), cache, num_logits=1)
-    assert cache.restorable(40) == 40 and cache.low == 40
-    for token in _tokens(10, 2):  # decode steps: the ring holds the last `ring` lengths
-        model(torch.tensor([[token]]), cache)
-    assert cache.restorable(49) == 49 and cache.restorable(50) == 50
-    oldest = 50 - cache.ring + 1
-    assert cache.restorable(oldest) == oldest
-    assert cache.restorable(oldest - 1) == 40  # the prefill's end, a snapshot
+    assert cache.restorable(40) == 40
+    model(torch.tensor([_tokens(4, 2)]), cache)  # a verify step over 40..43
+    cache.rollback(42)  # two of its tokens committed
+    model(torch.tensor([_tokens(3, 3)]), cache)  # the next, over 42..44
+    assert [cache.restorable(n) for n in (45, 44, 42, 41, 40)] == [45, 44, 42, 41, 40]
+    model(torch.tensor([_tokens(2, 4)]), cache)  # a third step: the first falls out
+    assert cache.restorable(47) == 47 and cache.restorable(45) == 45
+    assert cache.restorable(41) == 40  # the prefill's end, a snapshot
     assert cache.restorable(39) == 40 - CHECKPOINT_MARGIN  # the snapshot before its end
     assert cache.restorable(20) == 0
     with pytest.raises(ValueError, match="restorable"):
-        cache.rollback(oldest - 1 - 1)
+        cache.rollback(41)
 
 
 @pytest.mark.parametrize("point", ["end", "margin", "zero"])

@@ -142,31 +142,36 @@ def test_the_dispatchers_fall_back_to_torch_on_the_cpu():
         assert torch.equal(got, want) and torch.equal(got_state, want_state)
 
 
-def _ring_case(b, t, hk, hv, dk, dv, seed, device="cpu"):
-    """Inputs, and a ring of 2t + 2 slots whose write slots wrap around its end."""
-    _, (q, k, v, g, beta, state) = inputs(b, t, hk, hv, dk, dv, seed=seed, device=device)
-    slots = 2 * t + 2
-    ring = torch.randn(b, slots, hv, dk, dv, generator=torch.Generator().manual_seed(seed))
-    ring = ring.to(device)
-    read = torch.tensor([slots - 2], device=device)
-    ring[:, slots - 2] = state
-    write = (read + 1 + torch.arange(t, device=device)) % slots  # wraps past the end
-    return (q, k, v, g, beta), state, ring, read, write
+def _replay_case(b, t, hk, hv, dk, dv, seed, tape=6, device="cpu"):
+    """A block of t tokens after a tape of `tape` earlier ones (zero-padded to 8)."""
+    _, (q, k, v, g, beta, state) = inputs(b, tape + t, hk, hv, dk, dv, seed=seed, device=device)
+    pad = 8 - tape
+    recorded = tuple(
+        torch.cat((x[:, :tape], torch.zeros_like(x[:, :pad])), dim=1) for x in (q, k, v, g, beta)
+    )
+    block = tuple(x[:, tape:] for x in (q, k, v, g, beta))
+    whole = (q, k, v, g, beta)
+    return block, state, recorded, whole
 
 
-def test_the_ring_form_is_the_recurrent_form_written_to_slots():
-    from specgen.kernels.gated_delta import gated_delta_ring
+@pytest.mark.parametrize("replay", [0, 1, 4, 6])
+@pytest.mark.parametrize("on_device", [False, True])
+def test_replaying_a_tape_is_running_its_tokens_again(replay, on_device):
+    """The block after `replay` tape tokens: bitwise what one run over those tokens and the
+    block gives (host count), or with the unused tape masked (device count)."""
+    from specgen.kernels.gated_delta import gated_delta_replay_torch
 
     b, hk, hv, dk, dv = SHAPES[1]
-    args, state, ring, read, write = _ring_case(b, 5, hk, hv, dk, dv, seed=7)
-    untouched = [i for i in range(ring.shape[1]) if i not in write.tolist()]
-    before = ring[:, untouched].clone()
-    keep = torch.empty(b, 5, hv, dk, dv)
-    want, _ = gated_delta_recurrent_torch(*args, state, keep)
-    got = gated_delta_ring(*args, ring, read, write)
-    assert torch.equal(got, want)
-    assert torch.equal(ring[:, write], keep)  # bitwise: the same ops
-    assert torch.equal(ring[:, untouched], before)  # the read slot and the rest stay
+    block, state, tape, whole = _replay_case(b, 3, hk, hv, dk, dv, seed=7)
+    before = state.clone()
+    kept = tuple(x[:, list(range(replay)) + list(range(6, 9))] for x in whole)
+    want, _ = gated_delta_recurrent_torch(*kept, state)
+    start = torch.empty_like(state)
+    count = torch.tensor([replay]) if on_device else replay
+    got = gated_delta_replay_torch(*block, state, tape, count, start)
+    assert torch.equal(state, before)
+    want_start = gated_delta_recurrent_torch(*(x[:, :replay] for x in whole), state)[1]
+    assert torch.equal(got, want[:, replay:]) and torch.equal(start, want_start)
 
 
 # (B, T, Hk, Hv, dk, dv). Triton runs interpreted on the CPU (slowly): small shapes, and one
@@ -217,16 +222,18 @@ def test_triton_is_bitwise_independent_of_the_block_length():
 
 @needs_triton
 @pytest.mark.parametrize("case", TRITON_CASES)
-def test_triton_ring_kernel_matches_the_torch_ring_form(case):
-    from specgen.kernels.gated_delta import gated_delta_ring_torch, gated_delta_ring_triton
+@pytest.mark.parametrize("replay", [0, 3])
+def test_triton_replay_kernel_matches_the_torch_form(case, replay):
+    from specgen.kernels.gated_delta import gated_delta_replay_torch, gated_delta_replay_triton
 
     b, t, hk, hv, dk, dv = case
-    args, _, ring, read, write = _ring_case(b, t, hk, hv, dk, dv, seed=sum(case), device=DEVICE)
-    want_ring = ring.clone()
-    want = gated_delta_ring_torch(*args, want_ring, read, write)
-    got = gated_delta_ring_triton(*args, ring, read, write)
+    block, state, tape, _ = _replay_case(b, t, hk, hv, dk, dv, seed=sum(case), tape=5,
+                                         device=DEVICE)  # fmt: skip
+    want_start, got_start = torch.empty_like(state), torch.empty_like(state)
+    want = gated_delta_replay_torch(*block, state, tape, replay, want_start)
+    got = gated_delta_replay_triton(*block, state, tape, torch.tensor([replay]), got_start)
     close(got, want)
-    close(ring, want_ring)
+    close(got_start, want_start)
 
 
 @pytest.mark.gpu

@@ -124,32 +124,49 @@ def gated_delta_recurrent(q, k, v, g, beta, state, keep=None) -> tuple[torch.Ten
     return gated_delta_recurrent_torch(q, k, v, g, beta, state, keep)
 
 
-def gated_delta_ring(
-    q: torch.Tensor,  # [B, T, Hk, dk] normalised and scaled
+Tape = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def gated_delta_replay(
+    q: torch.Tensor,  # [B, T, Hk, dk] normalised and scaled: the block's tokens
     k: torch.Tensor,  # [B, T, Hk, dk] normalised
     v: torch.Tensor,  # [B, T, Hv, dv]
     g: torch.Tensor,  # [B, T, Hv] log decay
     beta: torch.Tensor,  # [B, T, Hv]
-    ring: torch.Tensor,  # [B, R, Hv, dk, dv] fp32: states by slot
-    read: torch.Tensor,  # [1] int64: the slot holding the state before token 0
-    write: torch.Tensor,  # [T] int64: the slots for the state after each token
+    state: torch.Tensor,  # [B, Hv, dk, dv] fp32 (read only): the state before the tape
+    tape: Tape,  # (q, k, v, g, beta) [B, n_max, ...]: tokens between `state` and the block
+    replay: int | torch.Tensor,  # tape tokens to run first: a host int, or [1] on the device
+    start: torch.Tensor,  # [B, Hv, dk, dv] fp32: receives the state the block starts from
 ) -> torch.Tensor:  # out [B, T, Hv, dv]
-    """The recurrent form over slots of a ring of states (models/hybrid_cache.py): the
-    initial state is read from one slot and the state after every token written to
-    another, with the slots in device memory (a CUDA graph replays it at any position).
-    `read` must not be among `write`."""
+    """The recurrent form over a block after first replaying `replay` tokens of a tape of
+    earlier inputs: how a hybrid cache rolls back (models/hybrid_cache.py). It keeps the
+    state before a step and the step's inputs; the next step replays the committed ones.
+    The replayed tokens run the same ops as when they were first computed, so the state is
+    bitwise the one token-by-token decoding reaches. A device-resident `replay` (CUDA
+    graphs) runs the whole tape with the tokens past `replay` made identities (decay 1,
+    beta 0: exactly no change), keeping every shape fixed."""
     if v.is_cuda and backend() == "triton" and _pow2(k.shape[-1]) and _pow2(v.shape[-1]):
-        return gated_delta_ring_triton(q, k, v, g, beta, ring, read, write)
-    return gated_delta_ring_torch(q, k, v, g, beta, ring, read, write)
+        return gated_delta_replay_triton(q, k, v, g, beta, state, tape, replay, start)
+    return gated_delta_replay_torch(q, k, v, g, beta, state, tape, replay, start)
 
 
-def gated_delta_ring_torch(q, k, v, g, beta, ring, read, write) -> torch.Tensor:
-    """`gated_delta_ring` with the torch recurrent form and index ops (the reference)."""
-    state = ring.index_select(1, read)[:, 0]
-    keep = ring.new_empty((v.shape[0], v.shape[1], *ring.shape[2:]))
-    out, _ = gated_delta_recurrent_torch(q, k, v, g, beta, state, keep)
-    ring.index_copy_(1, write, keep)
-    return out
+def gated_delta_replay_torch(q, k, v, g, beta, state, tape, replay, start) -> torch.Tensor:
+    """`gated_delta_replay` in torch (the reference)."""
+    start.copy_(replay_tape(state, tape, replay))
+    return gated_delta_recurrent_torch(q, k, v, g, beta, start)[0]
+
+
+def replay_tape(state: torch.Tensor, tape: Tape, replay: int | torch.Tensor) -> torch.Tensor:
+    """The state after the first `replay` tokens of `tape`, from `state` ([B, Hv, dk, dv])."""
+    tq, tk, tv, tg, tb = tape
+    if isinstance(replay, torch.Tensor):  # fixed shapes: the rest of the tape changes nothing
+        run = torch.arange(tg.shape[1], device=tg.device)[None, :, None] < replay
+        tg, tb = tg * run, tb * run  # decay exp(0) = 1 and beta 0: the state stays bitwise
+        return gated_delta_recurrent_torch(tq, tk, tv, tg, tb, state)[1]
+    if replay == 0:
+        return state
+    n = slice(0, replay)
+    return gated_delta_recurrent_torch(tq[:, n], tk[:, n], tv[:, n], tg[:, n], tb[:, n], state)[1]
 
 
 @functools.cache
@@ -240,19 +257,24 @@ if triton_available():
         if not KEEP:
             tl.store(states_ptr + bh * DK * DV + tile, s)
 
-    @triton.jit(do_not_specialize=["T"])
-    def _gated_delta_ring_kernel(
+    @triton.jit(do_not_specialize=["T", "N"])
+    def _gated_delta_replay_kernel(
         q_ptr,
         k_ptr,
         v_ptr,
         g_ptr,
         beta_ptr,
-        ring_ptr,  # [B, R, HV, DK, DV]
-        read_ptr,  # [1]: the initial state's slot
-        write_ptr,  # [T]: each token's state slot
+        state_ptr,  # [B, HV, DK, DV]: before the tape
+        tq_ptr,  # the tape: [B, N, ...] each
+        tk_ptr,
+        tv_ptr,
+        tg_ptr,
+        tb_ptr,
+        replay_ptr,  # [1]: tape tokens to run
+        start_ptr,  # [B, HV, DK, DV]: receives the state after them
         out_ptr,
         T,
-        R,
+        N,
         HK,
         HV,
         DK: tl.constexpr,
@@ -265,34 +287,40 @@ if triton_available():
         offs_k = tl.arange(0, DK)
         offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         tile = offs_k[:, None] * DV + offs_v[None, :]
-        read = tl.load(read_ptr).to(tl.int64)
-        s = tl.load(ring_ptr + ((b * R + read) * HV + h) * DK * DV + tile).to(tl.float32)
-        for t in range(T):
+        s = tl.load(state_ptr + bh * DK * DV + tile).to(tl.float32)
+        replay = tl.load(replay_ptr)
+        for t in range(replay):  # the committed tokens of the tape: the state only
+            row = b * N + t
+            kt = tl.load(tk_ptr + (row * HK + hk) * DK + offs_k).to(tl.float32)
+            vt = tl.load(tv_ptr + (row * HV + h) * DV + offs_v).to(tl.float32)
+            s = s * tl.exp(tl.load(tg_ptr + row * HV + h).to(tl.float32))
+            delta = (vt - tl.sum(s * kt[:, None], axis=0)) * tl.load(tb_ptr + row * HV + h)
+            s = s + kt[:, None] * delta[None, :]
+        tl.store(start_ptr + bh * DK * DV + tile, s)
+        for t in range(T):  # the block: outputs
             row = b * T + t
             qt = tl.load(q_ptr + (row * HK + hk) * DK + offs_k).to(tl.float32)
             kt = tl.load(k_ptr + (row * HK + hk) * DK + offs_k).to(tl.float32)
             vt = tl.load(v_ptr + (row * HV + h) * DV + offs_v).to(tl.float32)
-            gt = tl.load(g_ptr + row * HV + h).to(tl.float32)
-            bt = tl.load(beta_ptr + row * HV + h).to(tl.float32)
-            s = s * tl.exp(gt)
-            kv = tl.sum(s * kt[:, None], axis=0)
-            delta = (vt - kv) * bt
+            s = s * tl.exp(tl.load(g_ptr + row * HV + h).to(tl.float32))
+            delta = (vt - tl.sum(s * kt[:, None], axis=0)) * tl.load(beta_ptr + row * HV + h)
             s = s + kt[:, None] * delta[None, :]
             tl.store(out_ptr + (row * HV + h) * DV + offs_v, tl.sum(s * qt[:, None], axis=0))
-            slot = tl.load(write_ptr + t).to(tl.int64)
-            tl.store(ring_ptr + ((b * R + slot) * HV + h) * DK * DV + tile, s)
 
-    def gated_delta_ring_triton(q, k, v, g, beta, ring, read, write) -> torch.Tensor:
-        """`gated_delta_ring` in one kernel: states stay in registers between tokens and
-        go straight to their slots (no copies, no index ops)."""
+    def gated_delta_replay_triton(q, k, v, g, beta, state, tape, replay, start) -> torch.Tensor:
+        """`gated_delta_replay` in one kernel: the state stays in registers through the
+        replayed tape and the block; only the block's start state is written back."""
         bsz, seq, hv, dv = v.shape
         hk, dk = k.shape[2], k.shape[3]
-        assert ring.is_contiguous(), "the ring must be contiguous"
+        assert start.is_contiguous() and state.is_contiguous()
+        if not isinstance(replay, torch.Tensor):
+            replay = torch.full((1,), replay, dtype=torch.int64, device=v.device)
         out = v.new_empty(bsz, seq, hv, dv, dtype=torch.float32)
+        tq, tk, tv, tg, tb = (x.contiguous() for x in tape)
         block_v = min(dv, 32)
-        _gated_delta_ring_kernel[(bsz * hv, dv // block_v)](
+        _gated_delta_replay_kernel[(bsz * hv, dv // block_v)](
             q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-            ring, read.contiguous(), write.contiguous(), out, seq, ring.shape[1], hk, hv,
+            state, tq, tk, tv, tg, tb, replay, start, out, seq, tg.shape[1], hk, hv,
             DK=dk, DV=dv, BLOCK_V=block_v,
         )  # fmt: skip
         return out

@@ -10,9 +10,10 @@
     x          = x + out_proj(RMSNorm(o) * silu(z)),  then the MLP block
 
 The conv and the recurrent state of each sequence live in the hybrid cache
-(models/hybrid_cache.py), which says per forward where to read and write them: a verify
-or decode step keeps the state after every token (for rollback), a prefill runs the
-chunked form and keeps only what the cache asks for.
+(models/hybrid_cache.py), which says per forward where to read and write them: a decode or
+verify step replays the committed part of the step before from its saved inputs, then runs
+its own tokens and saves theirs (so it can be rolled back); a prefill runs the chunked
+form and hands the cache the states it asks for.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
-from specgen.kernels.gated_delta import gated_delta_chunked, gated_delta_ring
+from specgen.kernels.gated_delta import gated_delta_chunked, gated_delta_replay, replay_tape
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.blocks import add_mlp, new_weight, norm_weight, residual_mlp
@@ -80,33 +81,27 @@ class GatedDeltaNetLayer(nn.Module):
             h = h * step.real[..., None].to(h.dtype)
         mixed, z, b, dt = linear(h, self.w_in, None).split(self.splits, dim=-1)
         j = cache.state_slot(layer_id)
-        ring, states = cache.conv[j], cache.states[j]  # [B, C, Rc], [B, R, Hv, dk, dv]
+        ring = cache.conv[j]  # [B, C, Rc]: conv inputs by position
         inputs = torch.cat((ring.index_select(2, step.conv_read), mixed.transpose(1, 2)), dim=2)
         if not step.prefill:  # a prefill's inputs enter the ring when it commits
             ring.index_copy_(2, step.conv_write, inputs[:, :, -t:])
         conv = F.conv1d(inputs, self.conv_w, groups=hy.conv_dim)  # [B, C, T]
-        q, k, v = (
-            F.silu(conv)
-            .transpose(1, 2)
-            .split(
-                [
-                    hy.key_heads * hy.key_dim,
-                    hy.key_heads * hy.key_dim,
-                    hy.value_heads * hy.value_dim,
-                ],
-                dim=-1,
-            )
-        )
+        widths = (hy.key_heads * hy.key_dim,) * 2 + (hy.value_heads * hy.value_dim,)
+        q, k, v = F.silu(conv).transpose(1, 2).split(widths, dim=-1)
         q = _l2norm(q.reshape(bsz, t, hy.key_heads, hy.key_dim).float()) * hy.key_dim**-0.5
         k = _l2norm(k.reshape(bsz, t, hy.key_heads, hy.key_dim).float())
         v = v.reshape(bsz, t, hy.value_heads, hy.value_dim).float()
         beta = torch.sigmoid(b).float()  # rounded as transformers does, then fp32
         g = -self.a_log.exp() * F.softplus(dt.float() + self.dt_bias)
+        base, tape = cache.generation(layer_id, step.read)
         if step.prefill:
-            state = states.index_select(1, step.read)[:, 0]  # [B, Hv, dk, dv]
-            out = self._prefill(q, k, v, g, beta, state, inputs, cache, layer_id, step)
-        else:  # the state after every token goes to its slot in the ring
-            out = gated_delta_ring(q, k, v, g, beta, states, step.read, step.write)
+            start = replay_tape(base, tape, step.replay)  # the state the block starts from
+            out = self._prefill(q, k, v, g, beta, start, inputs, cache, layer_id, step)
+        else:  # replay what was committed of the last step, then this one; keep its inputs
+            in_place = isinstance(step.write, int)  # else the generation is on the device
+            start = cache.generation(layer_id, step.write)[0] if in_place else base.clone()
+            out = gated_delta_replay(q, k, v, g, beta, base, tape, step.replay, start)
+            cache.keep_step(layer_id, step.write, None if in_place else start, (q, k, v, g, beta))
         out = _gated_norm(out.to(x.dtype), z, self.out_norm, a.rms_norm_eps, hy.value_dim)
         return residual_mlp(self, x, linear(out, self.w_out, None))
 

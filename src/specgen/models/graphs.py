@@ -4,7 +4,7 @@ decode and verify steps as CUDA graphs (`GraphedForward`).
 A decode step of a 4-8B model is ~36 layers x ~12 kernels: launched one by one from Python
 that is more host time than the step's own GPU time at bf16. A CUDA graph replays all of
 them with one launch. A graph bakes in every shape and pointer, so a step of T tokens is
-captured once per T (1: AR decode, 1 + l: a verify of l drafts) over `forward_static`,
+captured once per T (1: AR decode, 1 + l: a verify of l drafts) over `step_static`,
 which reads its position from a device tensor, writes K/V with `index_copy_` and attends
 with a mask (or the Triton kernel) computed from that tensor: the same graph serves every
 cache length. Inputs are copied into the graph's static buffers before a replay; outputs
@@ -79,7 +79,7 @@ class _Step:
         # Warm-up and capture write K/V at [start, start + T): the range this call reserved,
         # and which the replay overwrites with the same values.
         self.replay = Replay(
-            lambda: model.forward_static(self.tokens, cache, self.start, taps=taps), pool
+            lambda: model.step_static(self.tokens, cache, self.start, taps=taps), pool
         )
 
     @property
@@ -163,6 +163,7 @@ class GraphedForward:
             cache.rollback(start)  # drop the reservation; the eager forward writes
             return self.model(tokens, cache, taps=taps)
         out = step(tokens, start)
+        cache.stepped()
         cache.commit(start + t)
         return out
 
@@ -183,7 +184,9 @@ class GraphedForward:
         step = self._step(tokens, start, tuple(taps))
         if step is None:
             return self.model.forward_static(tokens, cache, start, taps=taps)
-        return step(tokens, start)
+        out = step(tokens, start)
+        cache.stepped()
+        return out
 
     def _step(
         self, tokens: torch.Tensor, start: int | torch.Tensor, taps: tuple[int, ...]

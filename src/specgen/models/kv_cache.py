@@ -58,6 +58,10 @@ class StaticKVCache:
         self._written = end
         return self.k[slot, :, :, :end], self.v[slot, :, :, :end]
 
+    def stepped(self) -> None:
+        """After each static (graph-capturable) step, outside any graph: nothing to do
+        here (a hybrid cache moves its recurrent state on)."""
+
     def slot(self, layer: int) -> int:
         """Where `layer`'s keys and values live (a hybrid cache holds attention layers only)."""
         return layer

@@ -275,9 +275,24 @@ class Transformer(nn.Module):
         *,
         taps: tuple[int, ...] = (),
     ) -> ForwardOutput:
-        """`forward` for decode and verify steps, reading the position from device memory
-        (models/graphs.py captures it once per T and replays it at every length).
+        """`forward` for decode and verify steps, reading the position from device memory.
         The caller checks the capacity and commits: it knows the length on the host."""
+        out = self.step_static(tokens, cache, start, taps=taps)
+        cache.stepped()
+        return out
+
+    @torch.inference_mode()
+    def step_static(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        cache: StaticKVCache,
+        start: torch.Tensor,  # [1] int64 on the device
+        *,
+        taps: tuple[int, ...] = (),
+    ) -> ForwardOutput:
+        """`forward_static` without its host-side bookkeeping (`cache.stepped`): what
+        models/graphs.py captures once per T and replays at every length. Running it
+        again at the same position gives the same result (warm-up, capture)."""
         positions, length, cos, sin = device_positions(start, tokens.shape[1], self._cos, self._sin)
         if isinstance(cache, HybridCache):
             cache.begin_static(positions)

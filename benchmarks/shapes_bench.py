@@ -39,6 +39,9 @@ PUBLISHED_TAU = {
 def _drafter_config(target: dict, kind: str) -> dict:
     """A draft config in the published layout for this target (DeepSpec's build_draft_config
     for DSpark; z-lab's fields for DFlash)."""
+    from specgen.training.checkpoint import text_config
+
+    target = text_config(target)  # a hybrid target's text fields, as a drafter reads them
     n = target["num_hidden_layers"]
     cfg = {**target, "num_hidden_layers": 5, "layer_types": ["full_attention"] * 5}
     cfg["target_layer_ids"] = [1, *(1 + i * (n - 4) // 4 for i in (1, 2, 3)), n - 3]
@@ -89,10 +92,10 @@ def build(target_cfg: dict, device: str, dtype: torch.dtype):
     )
     _randomize(dflash)
     _randomize(dspark)
-    return target.eval(), {
-        "dflash": DFlashMethod(dflash.eval(), target, 16, None),
-        "dspark": DSparkMethod(dspark.eval(), target, 7, None),
-    }
+    methods = {"dflash": DFlashMethod(dflash.eval(), target, 16, None)}
+    if target.args.hybrid is None:  # DSpark drafters exist for the attention families only
+        methods["dspark"] = DSparkMethod(dspark.eval(), target, 7, None)
+    return target.eval(), methods
 
 
 def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -> dict:
@@ -100,7 +103,7 @@ def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -
     eager static path elsewhere), after a prefill of `context` random tokens."""
     from specgen.models.graphs import GraphedForward
 
-    cache = target.new_cache(context + max(sizes) + 1)
+    cache = target.new_cache(context + 2 * max(sizes) + 1, steps=max(sizes))
     forward = GraphedForward(
         target, cache, max_tokens=max(sizes), capture=target.device.type == "cuda"
     )
@@ -119,6 +122,18 @@ def graphed_seconds(target, context: int, sizes=(1, 8, 16), repeats: int = 20) -
             cache.rollback(context)
         _sync(target.device)
         times[t] = (time.perf_counter() - start) / repeats
+    if target.args.hybrid is not None:  # a verify after one that kept half its tokens:
+        t = max(sizes)  # the Gated DeltaNet layers first replay those 8 (the rollback)
+        block = ids[:, :t]
+        _sync(target.device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            forward(block, cache)
+            cache.rollback(context + t // 2)
+            forward(block, cache)
+            cache.rollback(context)
+        _sync(target.device)
+        times["after_partial"] = (time.perf_counter() - start) / repeats - times[t]
     return times
 
 
@@ -191,12 +206,22 @@ def main() -> None:
                 "graphed_step_ms": {str(t): v * 1e3 for t, v in graphed.items()},
                 "graphed_ar_tokens_per_second": 1 / graphed[1],
                 "graphed_verify16_over_ar": graphed[16] / graphed[1],
+                # hybrid targets: a verify-16 step replaying 8 committed tokens of the one
+                # before (the rollback), over an AR step
+                "graphed_rollback_verify16_over_ar": (
+                    graphed["after_partial"] / graphed[1] if "after_partial" in graphed else None
+                ),
             }
             util_text = f"{util:.0%}" if util is not None else "n/a"
             print(
                 f"{name} ctx {c}: AR {ar * 1e3:.2f} ms ({1 / ar:.0f} tok/s, {util_text} of "
                 f"roofline) · verify16/AR {seconds[15] / ar:.2f} · graphed AR "
                 f"{graphed[1] * 1e3:.2f} ms, verify16/AR {graphed[16] / graphed[1]:.2f} · "
+                + (
+                    f"after a partial acceptance {graphed['after_partial'] / graphed[1]:.2f} · "
+                    if "after_partial" in graphed
+                    else ""
+                )  # fmt: skip
                 + " · ".join(f"{k} draft/AR {v / ar:.2f}" for k, v in drafts.items())
                 + " · projected "
                 + ", ".join(

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, save_tiny_dflash
+from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash
 from specgen.cli import app
 from specgen.config import SamplingParams, SpecConfig
 from specgen.pipeline import Pipeline
@@ -121,6 +121,7 @@ def test_sampling_keeps_the_targets_distribution(ar, dflash):
     tv = 0.5 * (counts / n - exact).abs().sum().item()
     far = 0.5 * (torch.distributions.Dirichlet(torch.ones(TINY_VOCAB)).sample() - exact).abs().sum()
     assert tv < 0.07 and tv < far / 5, (tv, far)
+    assert chi_square_pvalue(counts, exact) > 1e-4  # seeded: the same draws on every run
 
 
 def test_a_chat_reuses_its_prefix_exactly(ar, dflash):

@@ -9,6 +9,7 @@ import pytest
 
 from specgen.config import SamplingParams, SpecConfig
 from specgen.pipeline import Pipeline
+from specgen.scheduling.cost import CostTable
 
 SEEDED = SamplingParams(temperature=0.8, top_k=20, seed=3)
 
@@ -27,19 +28,30 @@ def _spec(method, tiny_dflash, tiny_dspark, engine):
     return SpecConfig(method=method, drafter=drafter, engine=engine)
 
 
+def _priced(ar, spec):
+    """Fixed (GPU-like) prices instead of this machine's measured ones: measured costs are
+    re-measured when the steps run 2x off them (a loaded machine), and new prices change
+    the scheduler's decisions, so which draws fall on which token; this test is about what
+    the scheduler learns, not about timing."""
+    steps = tuple(1.0 + 0.01 * n for n in range(17))
+    drafts = {name: (0.1,) for name in ("dflash", "dspark")}  # with_spec keeps those mounted
+    table = CostTable(contexts=(1,), seconds=(steps,), drafts=drafts)
+    return ar.with_spec(spec, costs=table)
+
+
 @pytest.mark.parametrize("engine", ["sync", "overlap"])
 @pytest.mark.parametrize("method", ["dflash", "dspark", "stacked"])
 def test_a_seeded_prompt_asked_again_gives_the_same_answer(
     ar, tiny_dflash, tiny_dspark, method, engine
 ):
-    pipe = ar.with_spec(_spec(method, tiny_dflash, tiny_dspark, engine))
+    pipe = _priced(ar, _spec(method, tiny_dflash, tiny_dspark, engine))
     first = pipe.generate("The quick brown fox", sampling=SEEDED, max_new_tokens=24)
     # the scheduler has now learnt this drafter's (poor) acceptance, and stacked's selector
     # its history; neither may change the next seeded answer
     pipe.generate("one two one two one two", sampling=SEEDED, max_new_tokens=24)
     again = pipe.generate("The quick brown fox", sampling=SEEDED, max_new_tokens=24)
     assert again.token_ids == first.token_ids
-    fresh = ar.with_spec(_spec(method, tiny_dflash, tiny_dspark, engine))
+    fresh = _priced(ar, _spec(method, tiny_dflash, tiny_dspark, engine))
     alone = fresh.generate("The quick brown fox", sampling=SEEDED, max_new_tokens=24)
     assert alone.token_ids == first.token_ids
 

@@ -204,13 +204,12 @@ def _margin(ar: Pipeline, context: list[int]) -> float:
 
 def _memory(pipe: Pipeline | TransformersBaseline) -> int:
     """Peak device memory on CUDA; on the CPU the bytes this method keeps resident (target
-    weights, its KV cache, drafter weights and context caches)."""
+    weights, its KV cache (and recurrent state), drafter weights and context caches)."""
     if pipe.model.device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(pipe.model.device))
     if isinstance(pipe, TransformersBaseline):
         return pipe.memory_bytes()
-    cache = pipe.session.cache
-    tensors = [*pipe.model.parameters(), cache.k, cache.v]
+    tensors = [*pipe.model.parameters(), *pipe.session.cache.tensors()]
     if pipe.session.drafter is not None:
         tensors += pipe.session.drafter.tensors()
     tensors = list({t.data_ptr(): t for t in tensors}.values())  # shared storage once

@@ -8,7 +8,7 @@ of the hardware AR uses. Peak bandwidths are the vendors' figures.
 
 from __future__ import annotations
 
-from specgen.config import ModelArgs
+from specgen.config import LINEAR, ModelArgs
 
 PEAK_GBPS = {  # substring of torch.cuda.get_device_name() -> GB/s (first match wins)
     "H200": 4800,
@@ -36,11 +36,18 @@ def peak_bandwidth(device_name: str) -> float | None:
 
 def bytes_per_step(args: ModelArgs, parameter_bytes: int, element_size: int, context: int) -> int:
     """Bytes one decoding step reads: the weights (the embedding table as one row unless
-    it is also the LM head) plus K and V of `context` cached tokens."""
+    it is also the LM head) plus K and V of `context` cached tokens in the attention
+    layers, and a hybrid model's recurrent states (fp32; read, and written back once)."""
     embedding = args.vocab_size * args.hidden_size * element_size
     weights = parameter_bytes - (0 if args.tie_word_embeddings else embedding)
-    kv = 2 * args.num_layers * args.num_kv_heads * args.head_dim * element_size * context
-    return weights + args.hidden_size * element_size + kv
+    hy = args.hybrid
+    attention = args.num_layers if hy is None else args.num_layers - hy.layer_types.count(LINEAR)
+    kv = 2 * attention * args.num_kv_heads * args.head_dim * element_size * context
+    states = 0
+    if hy is not None:
+        per_state = hy.value_heads * hy.key_dim * hy.value_dim * 4
+        states = 2 * hy.layer_types.count(LINEAR) * per_state
+    return weights + args.hidden_size * element_size + kv + states
 
 
 def utilisation(bytes_step: int, step_seconds: float, peak: float) -> float:

@@ -184,11 +184,17 @@ class HybridCache(StaticKVCache):
         and writes the generations named in device memory, so a captured graph replays at
         any position and parity; what it does is the same however often it runs (warm-up,
         capture), until `stepped` moves the cache on."""
+        if positions.shape[0] > self.steps:
+            raise ValueError(f"a static step of {positions.shape[0]} tokens; this cache's "
+                             f"tapes hold {self.steps} (new_cache(steps=...))")  # fmt: skip
         start = positions[:1]
         replay = start - self.positions.index_select(0, self.read_gen)
         self.step = self._slots(start, positions.shape[0], self.read_gen, self.write_gen,
                                 replay, False, (), None)  # fmt: skip
         self.positions.index_copy_(0, self.write_gen, start)  # the next base: this start
+        # (host bookkeeping, run when the step is traced, not when a graph replays it: the
+        # generation written is no longer what the host knew of it)
+        self._gens[1 - self._current] = None
 
     def stepped(self) -> None:
         """After each static step, outside any graph: the next one reads what it wrote."""

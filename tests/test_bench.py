@@ -164,6 +164,33 @@ def test_plot_writes_a_png(tmp_path, monkeypatch):
         plot(summary, str(tmp_path / "again.png"))
 
 
+def test_table_fits_80_columns_and_pipes_get_plain_text():
+    from specgen.display import plain
+
+    runs = []
+    for m in ("ar", "ngram", "dflash", "dspark", "stacked"):
+        for i, c in enumerate(("chat", "summarization", "translation", "qa")):
+            r = _run(m, c, i, 10, 1.0 + i / 10, *((3, 4) if m != "ar" else (0, 0)))
+            r.modeled = (9, 0.9 if m == "ar" else 0.8)
+            runs.append(r)
+    compared = {m: 4 for m in ("ngram", "dflash", "dspark", "stacked")}
+    summary = summarize(
+        BenchRun(runs=runs, compared=compared, identical=compared),
+        {"model": "smollm2-135m", "suite": "builtin", "temperature": 0.0},
+    )
+    console = Console(file=io.StringIO(), width=80, record=True)
+    console.print(results_table(summary))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and "1.125x" in text and "summarization" in text and "4/4" in text
+    piped = plain(results_table(summary))
+    assert "…" not in piped and not set("─│┃━┏┡") & set(piped)
+    assert piped.splitlines()[0].startswith("specgen bench · smollm2-135m")  # title: one line
+    row = next(line for line in piped.splitlines() if line.startswith("stacked"))
+    assert row.split() == ["stacked", "chat", "10.0", "1.00x", "1.125x", "1.43", "0.57", "0.10",
+                           "1/1"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def pipes(tiny_llama):
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
@@ -211,6 +238,8 @@ def test_cli_bench_ends_with_one_json_line(tiny_llama):
     assert last["lossless"]["hf"]["match_rate"] == 1.0
     assert last["results"]["hf"]["all"]["tau"] == 1.0
     assert "speedup" in result.stdout  # the table came first
+    table = result.stdout.split("{")[0]  # piped: plain text, nothing cut to fit 80 columns
+    assert "…" not in table and not set("─│┃━┏┡") & set(table)
 
 
 def test_cli_bench_bad_input_is_one_line(tiny_llama, tmp_path):

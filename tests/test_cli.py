@@ -95,15 +95,20 @@ def test_chat_keeps_history_and_handles_commands(tiny_llama):
     script = "hello\n/stats\n/bogus\n/reset\nhi again\n/exit\nnever read\n"
     result = run("chat", "--model", str(tiny_llama), *FAST, input=script)
     assert result.exit_code == 0, result.stderr
-    assert "1 answers" in result.stderr and "conversation forgotten" in result.stderr
+    assert "1 answer ·" in result.stderr and "conversation forgotten" in result.stderr
     assert "unknown command /bogus" in result.stderr
 
 
 def test_chat_survives_a_history_longer_than_the_context(tiny_llama):
+    # a turn too long for any conversation fails alone (said once); the session goes on
+    # with --on-full reset, and the exit status says a turn failed (issue 27)
     script = "a fairly long first message for a tiny context\n/reset\nhi\n"
-    result = run("chat", "--model", str(tiny_llama), *FAST, "--context", "20", input=script)
-    assert result.exit_code == 0
-    assert "context limit" in result.stderr and "/reset" in result.stderr
+    args = ["chat", "--model", str(tiny_llama), *FAST, "--context", "32", "--on-full", "reset"]
+    result = run(*args, input=script)
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "context limit" in errors[0]
+    assert "conversation forgotten" in result.stderr and result.stdout.strip()  # "hi" answered
 
 
 def test_models_lists_every_alias():
@@ -171,20 +176,26 @@ def test_non_utf8_stdin(tiny_llama):
     assert_one_line_error(result, 2, "not valid UTF-8")
 
 
-def test_prompt_file_with_invalid_utf8_reports_the_line(tmp_path):
+def test_prompt_file_with_invalid_utf8_reports_the_line(tiny_llama, tmp_path):
+    # the good lines are answered, the bad one reported in its place (issue 27)
     prompts = tmp_path / "p.txt"
     prompts.write_bytes(b"fine\nalso fine\nbad \xff\xfe byte\n")
-    result = run("generate", "-f", str(prompts))
+    result = run("generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST)
     assert_one_line_error(result, 2, "line 3 is not valid UTF-8")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["prompt"] for r in records] == ["fine", "also fine", None]
+    assert records[2]["line"] == 3 and "not valid UTF-8" in records[2]["error"]
 
 
 def test_prompt_file_missing_or_malformed(tmp_path):
+    # nothing to answer: one line at once, before any model is loaded
     assert_one_line_error(
         run("generate", "-f", str(tmp_path / "nope.txt")), 2, "no such prompt file"
     )
     bad = tmp_path / "p.jsonl"
-    bad.write_text('{"prompt": "ok"}\n{broken\n')
-    assert_one_line_error(run("generate", "-f", str(bad)), 2, "line 2 is not valid JSON")
+    bad.write_text('{broken\n\n["a list"]\n')
+    result = run("generate", "-f", str(bad), "--model", "gpt-9")  # the model is never read
+    assert_one_line_error(result, 2, "no usable prompt in it (line 1 is not valid JSON")
 
 
 def test_prompt_longer_than_the_context(tiny_llama):
@@ -201,6 +212,7 @@ def test_one_bad_prompt_in_a_file_does_not_lose_the_others(tiny_llama, tmp_path)
     assert result.exit_code == 2
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert "error" in records[1] and "text" in records[0] and "text" in records[2]
+    assert records[1]["line"] == 2 and f"{prompts}: line 2: prompt is" in records[1]["error"]
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])

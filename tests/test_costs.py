@@ -83,6 +83,25 @@ def test_measure_costs_measures_again_up_front(tiny_qwen3_deep, tiny_dflash):
     assert json.loads(forced.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
 
 
+def test_what_is_measured_is_said_once_with_short_names(
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path))  # nothing cached yet
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    notes: list[str] = []
+    spec = SpecConfig(method="stacked", drafter=(str(tiny_dflash), str(tiny_dspark)))
+    ar.with_spec(spec, notify=notes.append)
+    assert [n for n in notes if n.startswith("measuring")] == [
+        "measuring verify costs and the dflash and dspark drafters' costs once for this "
+        "model and device (cached)"
+    ]
+    assert f"loading DFlash drafter {tiny_dflash.name}" in notes  # its directory, not its path
+    assert not any(str(tiny_dflash.parent) in n for n in notes)
+    notes.clear()
+    ar.with_spec(spec, notify=notes.append)
+    assert not any(n.startswith("measuring") for n in notes)  # cached
+
+
 def test_openmp_threads_do_not_spin_long_unless_asked(tmp_path):
     """A busy neighbour process must not collapse decoding: importing specgen before torch
     shortens libgomp's spin-wait, and leaves an explicit choice alone."""

@@ -8,6 +8,8 @@ tested without a terminal.
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -54,10 +56,15 @@ def note(message: str) -> None:
     _err.print(f"[yellow]{_escape(message)}[/yellow]")
 
 
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, with an "s" unless n is 1 ("1 step", "2 steps")."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def stats_line(stats: GenStats) -> str:
     """One line summarising a finished generation."""
     parts = [
-        f"{stats.new_tokens} tokens",
+        plural(stats.new_tokens, "token"),
         f"{stats.tokens_per_second:.1f} tok/s",
         f"τ {stats.acceptance_length:.2f} (incl. bonus)",
     ]
@@ -78,7 +85,8 @@ def stats_line(stats: GenStats) -> str:
 
 def drafter_shares(stats: GenStats) -> list[str]:
     """Stacked: how many steps each drafter drafted, and its τ over them."""
-    return [f"{name} {n} steps τ {(a + n) / n:.2f}" for name, (n, a) in stats.by_drafter.items()]
+    shares = stats.by_drafter.items()
+    return [f"{name} {plural(n, 'step')} τ {(a + n) / n:.2f}" for name, (n, a) in shares]
 
 
 def show_stats(stats: GenStats) -> None:
@@ -133,7 +141,31 @@ def progress(total: int, label: str, *, disable: bool = False) -> Iterator[Calla
 
 
 def show(renderable: Any) -> None:
-    Console(highlight=False).print(renderable)
+    """A table or line on stdout: Rich on a terminal; piped, `plain` text."""
+    if stdout_is_tty():
+        Console(highlight=False).print(renderable)
+    else:
+        write(plain(renderable))
+
+
+def plain(renderable: Any) -> str:
+    """`renderable` as plain text for pipes and files: no colour, a table without box
+    drawing, at its natural width. Rich would otherwise fit it to 80 columns (what it
+    assumes without a terminal) and cut the numbers down to `1.00…`."""
+    title = None
+    if isinstance(renderable, Table):
+        renderable = copy.copy(renderable)  # the caller's table keeps its look
+        title, renderable.title = renderable.title, None
+        renderable.box, renderable.padding, renderable.collapse_padding = None, (0, 1), False
+        renderable.pad_edge = False
+    console = Console(
+        file=io.StringIO(), width=100_000, color_system=None, highlight=False, soft_wrap=True
+    )
+    with console.capture() as captured:
+        if title:
+            console.print(title)
+        console.print(renderable)
+    return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
 
 
 def _escape(text: str) -> str:

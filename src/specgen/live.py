@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from specgen.display import drafter_shares
+from specgen.display import drafter_shares, plural
 from specgen.stats import GenStats
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def speedup_estimate(stats: GenStats, ar_step_seconds: float | None) -> float | 
 
 def status_panel(stats: GenStats, ar_step_seconds: float | None = None) -> Panel:
     """What the live view shows under the answer."""
-    top = [f"{stats.new_tokens} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    top = [plural(stats.new_tokens, "token"), f"{stats.tokens_per_second:.1f} tok/s"]
     if stats.verify_policy is not None:
         top += [
             f"τ {stats.acceptance_length:.2f} (incl. bonus)",

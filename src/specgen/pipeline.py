@@ -253,9 +253,7 @@ class Pipeline:
         """The names of the drafters this pipeline drafts with (none for AR)."""
         return () if self.method is None else tuple(self.method.mounted)
 
-    def encode(
-        self, prompt: Prompt, *, raw: bool = False, think: bool | None = None
-    ) -> list[int]:
+    def encode(self, prompt: Prompt, *, raw: bool = False, think: bool | None = None) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is), in
         thinking mode if `think` (None: what the model's drafters were trained with)."""
         if think is None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from specgen.config import SpecConfig
 from specgen.drafting import DRAFTERS, Checkpoint, DraftMethod, method_of
-from specgen.errors import SpecgenError
+from specgen.errors import CheckpointError, SpecgenError
 from specgen.hub import Notify, resolve_drafter
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS
@@ -59,6 +59,24 @@ def load_method(
 ) -> DraftMethod:
     """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
     checkpoints = [Checkpoint(resolve_drafter(s), s) for s in _sources(spec)]
+    if DRAFTERS[spec.method].drafters_needed == 1:
+        _check_kind(spec.method, checkpoints[0])
     return DRAFTERS[spec.method].load(
         target, spec, checkpoints, target_name=target_name, notify=notify
     )
+
+
+def _check_kind(method: str, checkpoint: Checkpoint) -> None:
+    """A checkpoint whose config names another method is refused: run as `method` it
+    would silently draft with the wrong layout (DSpark's shares DFlash's backbone, so it
+    even loads). One whose architecture specgen does not know is left to `method`'s loader:
+    naming the method is how such a checkpoint is run at all."""
+    try:
+        kind = method_of(checkpoint.path)
+    except SpecgenError:
+        return
+    if kind != method:
+        raise CheckpointError(
+            f"{checkpoint.name} is a {kind} drafter (its config.json says so), not a "
+            f"{method} one: run it as {kind} (leave --method out), or give a {method} drafter"
+        )

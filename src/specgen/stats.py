@@ -107,8 +107,9 @@ class GenStats:
         return self.confidence_sum / self.confidence_count if self.confidence_count else None
 
     def acceptance_per_position(self) -> list[float]:
-        """For each draft position k: of the steps that drafted a k-th token, the fraction
-        whose k-th token was accepted (empty for AR)."""
+        """For each draft position k, up to the longest draft ever verified: of the steps
+        that verified a k-th draft token, the fraction whose k-th token was accepted (zeros
+        kept; empty for AR). The one definition: JSON stats, the live view and bench."""
         accepted = self.accepted_per_position
         return [
             round((accepted[k] if k < len(accepted) else 0) / d, 4)
@@ -135,8 +136,8 @@ class GenStats:
                 name: {"steps": n, "tau": round((a + n) / n, 3)}
                 for name, (n, a) in self.by_drafter.items()
             },
-            # fraction of steps whose k-th draft token was accepted (empty for AR)
-            "accepted_per_position": [round(c / self.steps, 4) for c in self.accepted_per_position],
+            # per draft position: accepted / verified there (acceptance_per_position)
+            "accepted_per_position": self.acceptance_per_position(),
             "finish_reason": self.finish_reason,
         }
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from specgen.bench.harness import BenchRun, PromptRun
+from specgen.errors import SpecgenError
 
 ALL = "all"
 
@@ -111,17 +113,29 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# (header, justify): short headers so the table fits 80 columns (docs/cli.md explains them)
+COLUMNS = (
+    ("method", "left"), ("category", "left"), ("tok/s", "right"), ("speedup", "right"),
+    ("modeled", "right"), ("τ", "right"), ("verify", "right"), ("TTFT s", "right"),
+    ("=AR", "right"),
+)  # fmt: skip
+
+
 def results_table(summary: dict[str, Any]) -> Table:
-    """One row per method and category: speed, speedup, τ, verify length, TTFT, identity."""
+    """One row per method and category: speed, speedup, τ, verify length, TTFT, identity.
+    No side borders and single spaces between columns, so it fits 80 columns; a long
+    category name folds onto a second line instead of squeezing the numbers to `1.00…`."""
     title = (
         f"specgen bench · {summary.get('model')} · {summary.get('suite')} · "
         f"T={summary.get('temperature')} · τ includes the bonus token"
     )
-    table = Table(title=title, title_justify="left")
-    for column in ("method", "category", "tok/s", "speedup", "modeled", "τ", "verify", "TTFT s"):
-        left = column in ("method", "category")
-        table.add_column(column, justify="left" if left else "right", no_wrap=left)
-    table.add_column("= AR", justify="right")
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+        pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
+    for header, justify in COLUMNS:
+        wraps = header == "category"  # the only free text: it folds, numbers never do
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold")
     lossless = summary.get("lossless") or {}
     for m in summary["methods"]:
         for c in [*summary["categories"], ALL]:
@@ -161,15 +175,7 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
 
 def plot(summary: dict[str, Any], path: str) -> None:
     """Speedup and τ per category, and the tokens-per-step histogram, as a PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from specgen.errors import SpecgenError
-
-        raise SpecgenError("--plot needs matplotlib: pip install 'specgen[plot]'") from None
+    plt = pyplot()
     methods = [m for m in summary["methods"] if m != "ar"] or ["ar"]
     cats = [*summary["categories"], ALL]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -193,3 +199,16 @@ def plot(summary: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on a file-only backend; without matplotlib a one-line error (the
+    bench calls this before it runs, so a missing plotter does not cost a whole run)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpecgenError("--plot needs matplotlib: pip install 'specgen[plot]'") from None
+    return plt

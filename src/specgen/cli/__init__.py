@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from specgen.cli.bench import bench
@@ -21,6 +23,42 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def version() -> str:
+    """The installed package's version (from its metadata, so it cannot drift from it)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("specgen")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from specgen import display
+
+        display.write(f"specgen {version()}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print specgen's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Lossless speculative decoding for local LLMs."""
+
+
 app.command()(generate)
 app.command()(chat)
 app.command()(models)

@@ -27,6 +27,7 @@ Examples:
     "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
     "device", "dtype", "context", "quiet", "threads", "measure_costs", "debug",
     max_new_tokens=128, seed=0,
+    helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
 )  # fmt: skip
 def bench(
     methods: Annotated[
@@ -65,12 +66,16 @@ def bench(
     with user_errors(run.debug):
         quiet_libraries()
         from specgen.bench.harness import run_bench
-        from specgen.bench.report import acceptance_lines, results_table, summarize
+        from specgen.bench.report import acceptance_lines, pyplot, results_table, summarize
         from specgen.bench.report import plot as write_plot
         from specgen.bench.suites import load_suite
 
         if repeats < 1:
             raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
+        if plot:  # checked before the run, not found missing after it
+            pyplot()
+            if not Path(plot).resolve().parent.is_dir():
+                raise SpecgenError(f"--plot {plot}: no such directory to write it in")
         sampling = run.sampling()
         prompts = load_suite(suite, num_prompts)
         pipes = _pipelines(run, methods, drafter or [])
@@ -108,7 +113,8 @@ def bench(
             display.show(line)
         if plot:
             write_plot(summary, plot)
-            display.status(f"wrote {plot}")
+            if not run.quiet:
+                display.status(f"wrote {plot}")
         if json_out:
             display.write_json(summary)
 
@@ -146,10 +152,13 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     from specgen.registry import MODELS
     from specgen.spec import METHODS
 
-    by_method = {}
+    by_method: dict[str, str] = {}
     for path in drafters:
         directory = resolve_drafter(path)
-        by_method[method_of(directory)] = str(directory)
+        kind = method_of(directory)
+        if kind in by_method:
+            raise SpecgenError(f"two --drafter of kind {kind}: give one per method")
+        by_method[kind] = str(directory)
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
@@ -163,6 +172,13 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
             available = ", ".join((*METHODS, "hf"))
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
+    # each method's checkpoints among those given, as it finds its own in a registry entry
+    # (stacked: the DFlash and the DSpark one)
+    given = {m: DRAFTERS[m].registry_drafter(by_method) for m in names if m in DRAFTERS}
+    used = {path for d in given.values() if d for path in ((d,) if isinstance(d, str) else d)}
+    unused = [kind for kind, path in by_method.items() if path not in used]
+    if unused:  # a drafter given for a method that will not run: never silently
+        raise SpecgenError(f"--drafter of kind {unused[0]} given, but --methods has no {unused[0]}")
     notify = None if run.quiet else display.status
     base = run.load(run.spec())  # plain AR, with the run's engine settings
     pipes = {"ar": base}
@@ -174,6 +190,6 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
                 Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
             )
             continue
-        spec = run.spec(method=name, drafter=by_method.get(name))
+        spec = run.spec(method=name, drafter=given.get(name))
         pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
     return pipes

@@ -16,7 +16,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import user_errors
-from specgen.cli.options import JsonOpt, Run, run_options
+from specgen.cli.options import Run, run_options
 from specgen.errors import SpecgenError
 from specgen.prompts import read_prompts
 
@@ -25,6 +25,14 @@ from specgen.prompts import read_prompts
     "model", "drafter", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
     "dtype", "context", "think", "quiet", "threads", "debug",
     max_new_tokens=128, seed=0,
+    helps={
+        "drafter": "The DSpark drafter to calibrate (directory or Hub repo; default: the "
+        "registry's DSpark drafter for --model).",
+        "max_new_tokens": "Most tokens drafted and verified per prompt.",
+        "temperature": "Sampling temperature to calibrate at: the one you generate with "
+        "(0 = greedy).",
+        "quiet": "No progress or status lines: only the table (or the --json object).",
+    },
 )  # fmt: skip
 def calibrate(
     prompts: Annotated[
@@ -42,11 +50,24 @@ def calibrate(
         str | None,
         typer.Option("--out", help="Where to write (default: calibration.json in the drafter)."),
     ] = None,
-    json_out: JsonOpt = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the fit as one JSON object (temperatures, ECE before/after per "
+            "position, drafts, path) instead of the table.",
+        ),
+    ] = False,
     *,
     run: Run,
 ) -> None:
-    """Calibrate a DSpark drafter's confidence head on your prompts (ECE before/after)."""
+    """Fit per-position temperatures for a DSpark drafter's confidence head on your prompts.
+
+    The drafter answers each prompt with every draft verified whole; its confidences are
+    then scaled position by position so that they match how often drafts were accepted.
+    Prints the calibration error (ECE) per position before and after, and writes
+    calibration.json into the drafter's directory (or --out), where generating with that
+    drafter picks it up. Calibrate at the --temperature you generate with."""
     with user_errors(run.debug):
         from specgen.drafting.calibration import fit_temperatures, save_calibration
         from specgen.hub import resolve_drafter
@@ -88,7 +109,8 @@ def calibrate(
             display.write_json(record)
         else:
             display.show(display.calibration_table(fit))
-            display.status(f"wrote {path}")
+            if not run.quiet:
+                display.status(f"wrote {path}")
 
 
 def _steps(trace: list[dict]):

@@ -34,11 +34,15 @@ def user_errors(debug: bool) -> Iterator[None]:
 
 
 def quiet_libraries() -> None:
-    """transformers/huggingface_hub chatter (advisory warnings) is not for our users."""
+    """transformers/huggingface_hub chatter (advisory warnings) is not for our users. Offline,
+    huggingface_hub warns about every retry of a download (11 lines before our one-line
+    error); its errors still reach us as exceptions, so its warnings go."""
     import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging
 
     logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()

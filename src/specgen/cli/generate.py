@@ -15,7 +15,7 @@ from specgen.config import SamplingParams
 from specgen.errors import PromptError, SpecgenError
 from specgen.live import answer_view
 from specgen.pipeline import Completion
-from specgen.prompts import read_prompts, read_stdin_prompt
+from specgen.prompts import PromptLine, read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
@@ -67,19 +67,23 @@ def generate(
 ) -> None:
     """Generate an answer for each prompt and stream it to stdout."""
     with user_errors(run.debug):
+        if trace and not json_out:
+            # The trace is a field of the JSON record; without --json the run would print
+            # nothing of what was asked for, so say so before loading anything.
+            raise SpecgenError("--trace adds a per-step record to the --json output: add --json")
         sampling = run.sampling()
         prompts = _collect_prompts(prompt, prompt_file)
         pipe = run.load(run.spec(trace=trace))
         answer = _Answerer(pipe, sampling, run.max_new_tokens, json_out, run.quiet, run.show_drafts)
         failures = 0
-        for text in prompts:
+        for p in prompts:  # one bad line or prompt in a file must not lose the others
             try:
-                answer(text, pipe.encode(text, raw=raw, think=run.think))
-            except PromptError as e:  # one bad prompt in a file must not lose the others
+                if p.error is not None:
+                    raise PromptError(p.error)
+                answer(p.text, pipe.encode(p.text, raw=raw, think=run.think))
+            except PromptError as e:  # reported in its place; the exit says so at the end
                 failures += 1
-                if json_out:
-                    display.write_json({"prompt": text, "error": str(e)})
-                display.error(str(e))
+                _report_failure(p, str(e), prompt_file, json_out)
         if failures:
             raise typer.Exit(2)
 
@@ -87,18 +91,34 @@ def generate(
 generate.__doc__ = (generate.__doc__ or "") + EXAMPLES
 
 
-def _collect_prompts(prompt: str | None, prompt_file: str | None) -> list[str]:
+def _collect_prompts(prompt: str | None, prompt_file: str | None) -> list[PromptLine]:
+    """The prompts to answer, in order; a file's bad lines come back with their error."""
     if prompt is not None and prompt_file is not None:
         raise SpecgenError("give either a PROMPT argument or --prompt-file, not both")
     if prompt is not None:
         if not prompt.strip():
             raise PromptError("empty prompt")
-        return [prompt]
+        return [PromptLine(prompt, None, 1)]
     if prompt_file is not None:
-        return [p.text for p in read_prompts(prompt_file)]
+        return read_prompts(prompt_file, keep_bad=True)
     if sys.stdin.isatty():
         raise PromptError("no prompt: give a PROMPT argument, --prompt-file FILE, or pipe text in")
-    return [read_stdin_prompt()]
+    return [PromptLine(read_stdin_prompt(), None, 1)]
+
+
+def _report_failure(p: PromptLine, message: str, prompt_file: str | None, json_out: bool) -> None:
+    """One `error:` line, and with --json a record in the answer's place, naming the file's
+    line (a bad line's message does already; an unanswerable prompt's does not)."""
+    record: dict[str, object] = {"prompt": p.text or None}
+    if prompt_file is not None:
+        if p.error is None:
+            message = (
+                f"{'stdin' if prompt_file == '-' else prompt_file}: line {p.number}: {message}"
+            )
+        record["line"] = p.number
+    if json_out:
+        display.write_json({**record, "error": message})
+    display.error(message)
 
 
 @dataclass(frozen=True)

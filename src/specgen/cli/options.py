@@ -7,12 +7,13 @@ where they differ) and hands them to it as one `Run`, which builds the `SpecConf
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 
@@ -54,9 +55,15 @@ DebugOpt = _option(bool, "--debug", help="Show tracebacks for errors.")
 
 OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (annotation, default)
     "model": (ModelOpt, DEFAULT_MODEL),
+    # None = not given: plain decoding, or the --drafter's kind (Run.spec tells them apart)
     "method": (
-        _option(Method, "--method", help="Decoding method (ar = no speculation)."),
-        Method.ar,
+        _option(
+            Method | None,
+            "--method",
+            help="Decoding method (ar = no speculation). Default: ar, or the kind of the "
+            "--drafter given.",
+        ),
+        None,
     ),
     "drafter": (
         _option(
@@ -150,7 +157,12 @@ OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (annotation, default)
         False,
     ),
     "quiet": (
-        _option(bool, "--quiet", "-q", help="No status lines or stats: only the output."),
+        _option(
+            bool,
+            "--quiet",
+            "-q",
+            help="No live view, status lines or stats: only the answer (or its --json record).",
+        ),
         False,
     ),
     "threads": (
@@ -181,7 +193,7 @@ class Run:
     """The shared options as one command received them (defaults for those it lacks)."""
 
     model: str = DEFAULT_MODEL
-    method: Any = Method.ar
+    method: Any = None  # a Method when --method was given
     drafter: list[str] | None = None
     draft_tokens: int | None = None
     block_size: int | None = None
@@ -205,8 +217,16 @@ class Run:
 
     def spec(self, **overrides: Any) -> SpecConfig:
         """The decoding method these options ask for (`overrides`: a command's own)."""
+        method = getattr(self.method, "value", self.method)
+        if method == "ar" and self.drafter:
+            # An explicit `--method ar` says "no drafter": running the drafter anyway (its
+            # kind used to win) would ignore what was typed, so the two are refused together.
+            raise SpecgenError(
+                "--method ar runs no drafter: drop --drafter, or drop --method to run the "
+                "drafter as its own kind"
+            )
         settings = dict(
-            method=getattr(self.method, "value", self.method),
+            method=method or "ar",  # "ar" with a drafter: the library reads its kind
             drafter=self.drafter,
             draft_tokens=self.draft_tokens,
             block_size=self.block_size,
@@ -259,10 +279,13 @@ class Run:
 assert set(OPTIONS) == {f.name for f in fields(Run)}
 
 
-def run_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: the command takes the shared options `names` (with these `defaults` where
-    its own differ) after its own parameters, and receives them as `run: Run`."""
-    unknown = set(names) - set(OPTIONS) or set(defaults) - set(names)
+def run_options(
+    *names: str, helps: dict[str, str] | None = None, **defaults: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the command takes the shared options `names` (with these `defaults` and
+    `helps` where its own differ) after its own parameters, and receives them as `run: Run`."""
+    helps = helps or {}
+    unknown = set(names) - set(OPTIONS) or (set(defaults) | set(helps)) - set(names)
     if unknown:
         raise ValueError(f"not shared options: {sorted(unknown)}")
 
@@ -276,7 +299,7 @@ def run_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]], 
                 n,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=defaults.get(n, OPTIONS[n][1]),
-                annotation=OPTIONS[n][0],
+                annotation=_with_help(OPTIONS[n][0], helps[n]) if n in helps else OPTIONS[n][0],
             )
             for n in names
         ]
@@ -293,3 +316,12 @@ def run_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]], 
         return wrapper
 
     return wrap
+
+
+def _with_help(annotation: Any, help: str) -> Any:
+    """A shared option with another help text, for a command where the shared one would be
+    wrong (what `--quiet` leaves out differs between commands)."""
+    kind, info = get_args(annotation)
+    info = copy.copy(info)
+    info.help = help
+    return Annotated[kind, info]

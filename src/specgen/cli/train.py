@@ -10,6 +10,7 @@ import typer
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import DEFAULT_MODEL, DebugOpt, DeviceOpt, ModelOpt
+from specgen.display import plural
 
 
 def train(
@@ -31,24 +32,49 @@ def train(
     prompt_tokens: Annotated[
         int, typer.Option("--prompt-tokens", help="Cut each prompt to this many tokens.")
     ] = 128,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 160,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Longest answer the target writes per prompt.")
+    ] = 160,
     batch: Annotated[int, typer.Option("--batch", help="Prompts answered at once.")] = 32,
-    block_size: Annotated[int, typer.Option("--block-size")] = 8,
-    draft_layers: Annotated[int, typer.Option("--draft-layers")] = 1,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            "--block-size", help="Positions per drafter pass (drafts: B-1 DFlash, B DSpark)."
+        ),
+    ] = 8,
+    draft_layers: Annotated[
+        int, typer.Option("--draft-layers", help="Transformer layers in the drafter.")
+    ] = 1,
     target_layers: Annotated[
         str | None, typer.Option("--target-layers", help="Comma-separated tap layers.")
     ] = None,
-    minutes: Annotated[float | None, typer.Option("--minutes")] = None,
-    steps: Annotated[int | None, typer.Option("--steps")] = None,
-    lr: Annotated[float, typer.Option("--lr")] = 1e-3,
+    minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--minutes", help="Training budget in minutes (with --steps: whichever ends first)."
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Training budget in optimiser steps.")
+    ] = None,
+    lr: Annotated[
+        float, typer.Option("--lr", help="Peak learning rate (AdamW; warm-up, then cosine).")
+    ] = 1e-3,
     sequences_per_step: Annotated[
         int, typer.Option("--sequences-per-step", help="Answers in each optimiser step.")
     ] = 4,
     anchors_per_sequence: Annotated[
         int, typer.Option("--anchors-per-sequence", help="Blocks drawn from each answer.")
     ] = 16,
-    mask_token_id: Annotated[int, typer.Option("--mask-token-id")] = 0,
-    markov_rank: Annotated[int, typer.Option("--markov-rank")] = 64,
+    mask_token_id: Annotated[
+        int,
+        typer.Option(
+            "--mask-token-id", help="Token id of the block's MASK positions (a target token id)."
+        ),
+    ] = 0,
+    markov_rank: Annotated[
+        int, typer.Option("--markov-rank", help="DSpark: rank of the Markov head's bias.")
+    ] = 64,
     init: Annotated[
         str,
         typer.Option(
@@ -71,7 +97,8 @@ def train(
 ) -> None:
     """Train a drafter (time- or step-bounded, resumable) and write it in its public format.
 
-    With --prompts and no budget, only the answers are generated."""
+    With --prompts and no budget, only the answers are generated. The loss reported every
+    10 steps is the mean of those 10 steps; the final one, the mean of the last 20."""
     with user_errors(debug):
         quiet_libraries()
         import torch
@@ -140,7 +167,8 @@ def train(
                 display.status(f"target features: {row['prepared']}/{row['of']} sequences")
                 return
             display.status(
-                f"step {row['step']} · loss {row['loss']:.3f} · {row['seconds'] / 60:.1f} min"
+                f"step {row['step']} · loss {row['loss']:.3f} (mean of the last 10 steps) · "
+                f"{row['seconds'] / 60:.1f} min"
             )
 
         config = read_config(resolved.path, resolved.name)
@@ -148,9 +176,10 @@ def train(
             target, config, sequences, cfg, out, target_name=resolved.name,
             features_cache=specgen_home() / "features", resume=resume, report=report,
         )  # fmt: skip
-        tau = summary["offline_tau"]
+        tau, last = summary["offline_tau"], min(summary["steps"], 20)  # as training/loop.py
         display.status(
-            f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']}"
+            f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']} "
+            f"(mean of the last {plural(last, 'step')})"
             + (f", held-out τ {tau:.3f})" if tau is not None else ")")
         )
 

@@ -39,6 +39,13 @@ class Checkpoint:
     path: Path
     name: str
 
+    @property
+    def short_name(self) -> str:
+        """Its name in status lines: a local checkpoint's directory name (its full path is
+        long and says little there), a Hub repo or a packaged drafter as given."""
+        local = Path(self.name).expanduser()
+        return local.name if local.name and local.exists() else self.name
+
 
 class Drafter(Protocol):
     """One session's drafter. Subclass it explicitly to inherit the defaults below."""

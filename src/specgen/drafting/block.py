@@ -64,7 +64,7 @@ class BlockMethod(DraftMethod):
             raise SpecgenError(f"no {cls.name} drafter given for {target_name}; pass --drafter")
         checkpoint = checkpoints[0]
         if notify:
-            notify(f"loading {cls.label} drafter {checkpoint.name}")
+            notify(f"loading {cls.label} drafter {checkpoint.short_name}")
         net = cls.load_net(checkpoint, target, target_name)
         trained = cls.trained_block(net)
         block = spec.block_size or trained

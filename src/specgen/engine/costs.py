@@ -87,7 +87,7 @@ def measure_costs(
     gen = torch.Generator().manual_seed(0)
     table = []
     for context in contexts or (1,):
-        cache = model.new_cache(context + max_drafts + 1)
+        cache = model.new_cache(context + max_drafts + 1, steps=max_drafts + 1)
         forward = model
         if graphs and device.type == "cuda":
             forward = GraphedForward(model, cache, max_tokens=max_drafts + 1, capture=True)
@@ -170,15 +170,33 @@ def cached_costs(
     """The cost table of `method` on `model` (`key`: the model's identity): the target's
     verify costs up to its longest draft (`target_costs`) and each mounted drafter's draft
     costs, measuring what is missing once; `fresh`: measuring all of it again."""
-    table = target_costs(model, key, method.max_draft_tokens, notify, graphs=graphs, fresh=fresh)
     ident = _identity(model, key, graphs)
+    table = None if fresh else _load_table(_cache_path(ident), method.max_draft_tokens)
+    keys = {name: f"{ident}|drafter={part.cache_key}" for name, part in method.mounted.items()}
     drafts = {
-        name: _draft_costs(
-            model, part, name, f"{ident}|drafter={part.cache_key}", notify, fresh=fresh
-        )
+        name: None if fresh else _load_draft_costs(keys[name], part.max_draft_tokens)
         for name, part in method.mounted.items()
     }
+    missing = [name for name, costs in drafts.items() if costs is None]
+    if notify and (table is None or missing):  # one line for all of it, naming each part
+        notify(_measuring(table is None, missing, fresh))
+    if table is None:
+        table = target_costs(model, key, method.max_draft_tokens, graphs=graphs, fresh=True)
+    for name in missing:
+        drafts[name] = _measure_draft_costs(model, method.mounted[name], keys[name])
     return CostTable(table.contexts, table.seconds, drafts)
+
+
+def _measuring(verify: bool, drafters: list[str], fresh: bool) -> str:
+    """The one status line for what is measured, e.g. "measuring verify costs and the
+    dflash and dspark drafters' costs once for this model and device (cached)"."""
+    parts = ["verify costs"] if verify else []
+    if drafters:
+        names = " and ".join(drafters)
+        parts.append(f"the {names} drafter's cost" if len(drafters) == 1 else
+                     f"the {names} drafters' costs")  # fmt: skip
+    when = "again" if fresh else "once"
+    return f"measuring {' and '.join(parts)} {when} for this model and device (cached)"
 
 
 def target_costs(
@@ -213,28 +231,19 @@ def _identity(model: Transformer, key: str, graphs: bool) -> str:
     )
 
 
-def _draft_costs(
-    model: Transformer,
-    method: DraftMethod,
-    name: str,
-    ident: str,
-    notify: Callable[[str], None] | None,
-    *,
-    fresh: bool = False,
-) -> tuple[float, ...]:
-    path = _cache_path(ident)
+def _load_draft_costs(ident: str, max_draft_tokens: int) -> tuple[float, ...] | None:
+    """A drafter's cached draft costs (None: absent, unreadable or for shorter drafts)."""
     try:
-        if fresh:
-            raise ValueError("measured again")
-        by_length = tuple(float(s) for s in json.loads(path.read_text())["by_length"])
-        if len(by_length) < method.max_draft_tokens:
-            raise ValueError("measured for shorter drafts")
+        by_length = tuple(float(s) for s in json.loads(_cache_path(ident).read_text())["by_length"])
     except (OSError, ValueError, KeyError, TypeError):
-        if notify:
-            notify(f"measuring the {name} drafter's cost once (cached)")
-        by_length = measure_draft_seconds(method, model)
-        _write_json(path, {"key": ident, "by_length": by_length})
-    return by_length[: method.max_draft_tokens]
+        return None
+    return by_length[:max_draft_tokens] if len(by_length) >= max_draft_tokens else None
+
+
+def _measure_draft_costs(model: Transformer, method: DraftMethod, ident: str) -> tuple[float, ...]:
+    by_length = measure_draft_seconds(method, model)
+    _write_json(_cache_path(ident), {"key": ident, "by_length": by_length})
+    return tuple(by_length[: method.max_draft_tokens])
 
 
 def _load_table(path, max_drafts: int) -> CostTable | None:

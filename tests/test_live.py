@@ -10,10 +10,11 @@ from rich.console import Console
 from specgen.config import SpecConfig
 from specgen.live import (
     LiveAnswer,
+    ModeledSpeedup,
     PlainAnswer,
     acceptance_bars,
     answer_view,
-    speedup_estimate,
+    modeled_speedup,
     status_panel,
 )
 from specgen.pipeline import Chunk, Pipeline
@@ -41,20 +42,95 @@ def test_acceptance_bars():
     assert acceptance_bars([]) == ""
 
 
-def test_speedup_estimate_uses_decoding_time_only():
-    stats = _stats()  # 7 tokens; 6 after the first in 0.8 s
-    assert speedup_estimate(stats, 0.2) == pytest.approx(6 / 0.8 * 0.2)
-    assert speedup_estimate(stats, None) is None
-    assert speedup_estimate(GenStats(), 0.2) is None
+# AR 10 ms a step at any context, verifying n drafts 10 + 2n ms, a DFlash draft 5 ms
+PRICES = CostTable((1,), ((0.010, 0.012, 0.014, 0.016, 0.018),), {"dflash": (0.005,) * 4})
 
 
-def test_status_panel_shows_rate_tau_acceptance_and_the_estimate():
-    text = _text(status_panel(_stats(), ar_step_seconds=0.2))
-    assert "7 tokens" in text and "7.0 tok/s" in text
+def _doubled(table: CostTable) -> CostTable:
+    """The same machine measured while busy: every price twice as high."""
+    seconds = tuple(tuple(2 * s for s in row) for row in table.seconds)
+    drafts = {name: tuple(2 * s for s in times) for name, times in table.drafts.items()}
+    return CostTable(table.contexts, seconds, drafts)
+
+
+def _dflash_stats() -> GenStats:
+    """An answer's steps: a prefill, then two drafted steps and a plain one."""
+    stats = _stats()
+    stats.shapes = [
+        (11, "dflash", 4, 4, 4),  # 5 + 18 ms for 4 tokens
+        (15, "dflash", 4, 2, 2),  # 5 + 14 ms for 2 tokens
+        (17, None, 0, 0, 1),  # 10 ms for 1 token
+    ]
+    return stats
+
+
+def test_the_modeled_speedup_prices_both_sides_from_the_table():
+    # AR: 7 tokens at 10 ms; the steps: 23 + 19 + 10 ms
+    assert modeled_speedup(_dflash_stats(), PRICES) == pytest.approx(0.070 / 0.052)
+
+
+def test_the_modeled_speedup_prices_ar_at_each_tokens_own_context():
+    table = CostTable((0, 100), ((0.010, 0.020), (0.020, 0.040)))  # both double by 100
+    stats = GenStats()
+    stats.shapes = [(50, None, 0, 1, 2)]  # verify 1 at context 50 (30 ms), 2 tokens
+    ar = 0.015 + 0.0151  # contexts 50 and 51
+    assert modeled_speedup(stats, table) == pytest.approx(ar / 0.030)
+
+
+def test_a_uniformly_slow_table_does_not_change_the_modeled_speedup():
+    stats = _dflash_stats()
+    slow = _doubled(PRICES)
+    assert modeled_speedup(stats, slow) == pytest.approx(modeled_speedup(stats, PRICES), 1e-12)
+    # the old estimate, observed tokens/s over 1 / the table's AR step, doubled with it
+    decoding = (stats.new_tokens - 1) / (stats.seconds - stats.ttft_seconds)
+    old, old_slow = (decoding * t.step_seconds(0)[0] for t in (PRICES, slow))
+    assert old_slow == pytest.approx(2 * old)
+
+
+def test_plain_steps_model_as_ar_itself():
+    stats = GenStats()
+    stats.shapes = [(10 + i, None, 0, 0, 1) for i in range(5)]
+    assert modeled_speedup(stats, PRICES) == pytest.approx(1.0)
+
+
+def test_no_modeled_speedup_without_a_table_steps_or_prices():
+    assert modeled_speedup(_dflash_stats(), None) is None  # AR, or full without costs
+    assert modeled_speedup(GenStats(), PRICES) is None  # nothing decoded after the prefill
+    unpriced = GenStats()
+    unpriced.shapes = [(11, "ngram", 2, 2, 3)]  # a drafter the table has no time for
+    assert modeled_speedup(unpriced, PRICES) is None
+
+
+def test_the_running_speedup_prices_new_steps_only_and_matches_the_function():
+    stats = _dflash_stats()
+    shapes, stats.shapes = stats.shapes, []
+    meter = ModeledSpeedup(PRICES)
+    assert meter.update(stats.shapes) is None
+    for shape in shapes:  # steps arriving while the view redraws
+        stats.shapes.append(shape)
+        running = meter.update(stats.shapes)
+    assert meter.priced == 3
+    assert running == pytest.approx(modeled_speedup(stats, PRICES))
+    assert meter.update(stats.shapes) == running  # nothing new: the same figure
+    other = _dflash_stats()  # another answer's list: priced afresh
+    assert meter.update(other.shapes[:1]) == pytest.approx(0.040 / 0.023)
+
+
+def test_status_panel_shows_rate_tau_acceptance_and_the_modeled_speedup():
+    stats = _dflash_stats()
+    text = _text(status_panel(stats, modeled_speedup(stats, PRICES)))
+    assert "7 tokens" in text and "7.0 tok/s" in text  # observed, as before
     assert "τ 2.33 (incl. bonus)" in text and "verify 2.67/step" in text
     assert "confidence 0.55" in text
     assert "acceptance by position █▅▅▁" in text
-    assert "speedup vs AR ≈ 1.50x (estimate: AR step 200.0 ms" in text
+    assert "speedup vs AR ≈ 1.35x (modeled from step costs)" in text
+    assert "estimate" not in text and "ms" not in text
+
+
+def test_status_panel_shows_no_speedup_without_a_table():
+    stats = _dflash_stats()
+    text = _text(status_panel(stats, modeled_speedup(stats, None)))
+    assert "τ 2.33" in text and "speedup" not in text
 
 
 def test_status_panel_for_plain_decoding_is_short():
@@ -71,16 +147,16 @@ def _chunk(text, draft_chars, stats):
 def test_live_answer_prints_finished_lines_and_the_final_panel(show_drafts):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=80, color_system="standard")
-    costs = CostTable(contexts=(1,), seconds=((0.2, 0.3),))
-    view = LiveAnswer(console, costs, show_drafts=show_drafts)
-    stats = _stats()
+    view = LiveAnswer(console, PRICES, show_drafts=show_drafts)
+    stats = _dflash_stats()
     view.push(_chunk("Hello wor", 6, stats))
     view.push(_chunk("ld.\nSecond line", 3, stats))
     view.push(_chunk(" ends\n\nlast", 0, stats))
     view.close(stats)
     raw = out.getvalue()
-    for piece in ("Hello ", "wor", "ld.", "Second line", " ends", "last", "speedup vs AR"):
+    for piece in ("Hello ", "wor", "ld.", "Second line", " ends", "last"):
         assert piece in raw
+    assert "speedup vs AR ≈ 1.35x (modeled from step costs)" in raw
     assert raw.index("Hello") < raw.index("Second line") < raw.index("last")
     assert ("\x1b[36m" in raw) == show_drafts  # cyan only when asked
 
@@ -115,3 +191,17 @@ def test_chunks_say_which_text_came_from_drafts(tiny_llama):
     assert text == pipe.codec.decode([t for c in chunks for t in c.token_ids])
     assert all(0 <= c.draft_chars <= len(c.text) for c in chunks)
     assert sum(c.draft_chars for c in chunks) > len(text) / 2  # most text came from drafts
+
+
+def test_a_real_answer_is_priced_alike_from_a_table_and_from_it_doubled(
+    tiny_qwen3_deep, tiny_dflash
+):
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    prices = CostTable((1,), ((0.010,) + (0.011,) * 7,), {"dflash": (0.002,)})
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+    pipe = ar.with_spec(spec, costs=prices)  # fixed prices: never re-measured
+    stats = pipe.generate("The quick brown fox", raw=True, max_new_tokens=24).stats
+    assert any(shape[1] == "dflash" for shape in stats.shapes)  # the table names its drafter
+    speedup = modeled_speedup(stats, pipe.costs)
+    assert speedup is not None
+    assert modeled_speedup(stats, _doubled(pipe.costs)) == pytest.approx(speedup, 1e-12)

@@ -7,12 +7,17 @@ line and the panel; Rich redraws that region from its own thread 4 times a secon
 the decoding loop only appends text (benchmarks/live_view_overhead.py measures the cost).
 With `show_drafts`, text from accepted draft tokens is coloured apart from the target's
 own (bonus) tokens. `PlainAnswer` is the same interface for pipes: just the text.
+
+The speedup over AR that the panel shows is modeled, never measured against a clock:
+`modeled_speedup` prices the answer's steps and AR's for the same tokens from one cost
+table, so a table measured on a busy machine does not inflate it.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console, Group
@@ -21,11 +26,11 @@ from rich.panel import Panel
 from rich.text import Text
 
 from specgen.display import drafter_shares, plural
+from specgen.scheduling.cost import CostTable, Shape, modeled
 from specgen.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.pipeline import Chunk, Pipeline
-    from specgen.scheduling.cost import CostTable
 
 BARS = "▁▂▃▄▅▆▇█"
 DRAFT_STYLE = "cyan"
@@ -36,17 +41,73 @@ def acceptance_bars(rates: list[float]) -> str:
     return "".join(BARS[min(int(r * len(BARS)), len(BARS) - 1)] for r in rates)
 
 
-def speedup_estimate(stats: GenStats, ar_step_seconds: float | None) -> float | None:
-    """Decoding speed over AR's, with AR's speed estimated as one token per measured AR
-    step (from the cost table); None when there is nothing to compare."""
-    decode_seconds = stats.seconds - (stats.ttft_seconds or 0.0)
-    if not ar_step_seconds or decode_seconds <= 0 or stats.new_tokens < 2:
+class ModeledSpeedup:
+    """The speedup over AR of an answer's decoding steps, priced from one cost table (as
+    `specgen bench`'s modeled column prices them, `scheduling.cost.modeled`):
+
+        speedup = AR's time for the tokens the steps committed / the steps' own time
+
+    both from `costs`. The steps: every decoding step after the prefill (`GenStats.shapes`),
+    each at its drafter's time to draft what it proposed + the target's forward over
+    1 + its verify length tokens at its context length. AR: one forward over 1 token per
+    committed token, at the context length each would have had. One table on both sides,
+    so a table measured on a busy machine (every price k times too high) gives the same
+    ratio; the wall clock does not enter it. Running sums: `update` prices only the steps
+    added since the last call (the live view re-prices 4 times a second)."""
+
+    def __init__(self, costs: CostTable) -> None:
+        self.costs = costs
+        self.lock = threading.Lock()  # Rich's refresh thread and the printing thread
+        self._reset(None)
+
+    def _reset(self, shapes: Sequence[Shape] | None) -> None:
+        self.shapes = shapes  # the list priced so far (a new answer's list starts afresh)
+        self.priced = 0  # its steps priced so far
+        self.ar_seconds = 0.0  # AR's modeled time for the tokens they committed
+        self.seconds = 0.0  # their modeled time
+        self.unpriceable = False  # a step the table cannot price (an unmeasured drafter)
+
+    def update(self, shapes: Sequence[Shape]) -> float | None:
+        """The speedup over these steps; None without steps or when one cannot be priced."""
+        with self.lock:
+            if shapes is not self.shapes or len(shapes) < self.priced:
+                self._reset(shapes)
+            new = list(shapes[self.priced :])  # the stepping thread may be appending
+            priced = modeled(new, self.costs)
+            if priced is None:
+                self.unpriceable = True
+            elif not self.unpriceable:
+                self.seconds += priced[1]
+                self.ar_seconds += sum(ar_seconds(self.costs, s[0], s[4]) for s in new)
+            self.priced += len(new)
+            if self.unpriceable or self.priced == 0 or self.seconds <= 0:
+                return None
+            return self.ar_seconds / self.seconds
+
+
+def ar_seconds(costs: CostTable, context: int, tokens: int) -> float:
+    """AR's modeled time to commit `tokens` tokens after `context`: one forward over one
+    token each, at context, context + 1, ..."""
+    return sum(costs.step_seconds(context + i)[0] for i in range(tokens))
+
+
+def modeled_speedup(stats: GenStats, costs: CostTable | None) -> float | None:
+    """The speedup over AR of this answer's decoding steps, priced from `costs`
+    (`ModeledSpeedup`); None without a table (AR, `full` verification of one drafter),
+    before the first decoding step, or when a step cannot be priced. What every view shows
+    (the live panel here; the server's stats should import it from `specgen.live`)."""
+    if costs is None:
         return None
-    return (stats.new_tokens - 1) / decode_seconds * ar_step_seconds
+    return ModeledSpeedup(costs).update(stats.shapes)
 
 
-def status_panel(stats: GenStats, ar_step_seconds: float | None = None) -> Panel:
-    """What the live view shows under the answer."""
+def speedup_text(speedup: float) -> str:
+    """How a modeled speedup is shown: said to be modeled, not measured."""
+    return f"speedup vs AR ≈ {speedup:.2f}x (modeled from step costs)"
+
+
+def status_panel(stats: GenStats, speedup: float | None = None) -> Panel:
+    """What the live view shows under the answer; `speedup`: `modeled_speedup`'s."""
     top = [plural(stats.new_tokens, "token"), f"{stats.tokens_per_second:.1f} tok/s"]
     if stats.verify_policy is not None:
         top += [
@@ -62,12 +123,8 @@ def status_panel(stats: GenStats, ar_step_seconds: float | None = None) -> Panel
     rates = stats.acceptance_per_position()
     if rates:
         lines.append(f"acceptance by position {acceptance_bars(rates)}")
-    speedup = speedup_estimate(stats, ar_step_seconds)
     if speedup is not None:
-        lines.append(
-            f"speedup vs AR ≈ {speedup:.2f}x (estimate: AR step {ar_step_seconds * 1e3:.1f} ms "
-            "from the cost table)"
-        )
+        lines.append(speedup_text(speedup))
     return Panel("\n".join(lines), border_style="dim", expand=False)
 
 
@@ -102,6 +159,7 @@ class LiveAnswer:
     ) -> None:
         self.console = console
         self.costs = costs
+        self.meter = None if costs is None else ModeledSpeedup(costs)
         self.show_drafts = show_drafts
         self.line = Text()
         self.stats: GenStats | None = None
@@ -111,18 +169,16 @@ class LiveAnswer:
         )
         self.live.start()
 
-    def ar_step_seconds(self, stats: GenStats) -> float | None:
-        """The measured AR step time at this answer's current context length."""
-        if self.costs is None:
-            return None
-        return self.costs.step_seconds(stats.prompt_tokens + stats.new_tokens)[0]
+    def speedup(self, stats: GenStats) -> float | None:
+        """`modeled_speedup` of the answer so far (only new steps priced at each redraw)."""
+        return None if self.meter is None else self.meter.update(stats.shapes)
 
     def __rich__(self) -> Group:  # called by Live's refresh thread
         with self.lock:
             line, stats = self.line.copy(), self.stats
         if stats is None:
             return Group(line)
-        return Group(line, status_panel(stats, self.ar_step_seconds(stats)))
+        return Group(line, status_panel(stats, self.speedup(stats)))
 
     def push(self, chunk: Chunk) -> None:
         drafted, own = chunk.text[: chunk.draft_chars], chunk.text[chunk.draft_chars :]
@@ -143,7 +199,7 @@ class LiveAnswer:
         self.live.stop()
         self.console.print(self.line, soft_wrap=True)
         if stats is not None:
-            self.console.print(status_panel(stats, self.ar_step_seconds(stats)))
+            self.console.print(status_panel(stats, self.speedup(stats)))
 
 
 def answer_view(pipe: Pipeline, *, quiet: bool, show_drafts: bool) -> AnswerView:

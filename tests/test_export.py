@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.errors import SpecgenError
-from specgen.export import launch_command, resolve_target
+from specgen.export import bench_command, launch_command, resolve_target
 
 runner = CliRunner()
 
@@ -108,3 +108,37 @@ def test_the_thinking_note_follows_the_drafters_training():
     assert qwen35.exit_code == 0 and "trained with thinking on" in qwen35.stderr
     qwen3 = runner.invoke(app, [*args, "qwen3-4b"])
     assert '"enable_thinking": false' in qwen3.stderr and "thinking on" not in qwen3.stderr
+
+
+def test_the_bench_line_that_measures_the_server(tmp_path, tiny_dflash):
+    """`specgen bench --endpoint` at the launch line's port, for the name the engines serve
+    the target under, in the chat mode its drafters were trained with."""
+    qwen3 = shlex.split(bench_command(resolve_target("qwen3-8b", "dflash", None, None), port=9001))
+    assert qwen3 == [
+        "specgen", "bench", "--endpoint", "http://127.0.0.1:9001/v1", "--endpoint-model",
+        "Qwen/Qwen3-8B", "--suite", "builtin", "--methods", "none", "--no-think",
+    ]  # fmt: skip
+    qwen35 = bench_command(resolve_target("qwen3.5-9b", "dflash", None, None))
+    assert qwen35.endswith(
+        "--endpoint-model Qwen/Qwen3.5-9B --suite builtin --methods none --think"
+    )
+    local = resolve_target(str(tmp_path / "my model"), "dflash", str(tiny_dflash), None)
+    # no thinking flag: nothing says which mode a local drafter wants
+    argv = shlex.split(bench_command(local, suite="mt-bench"))
+    assert argv[5:] == [str(tmp_path / "my model"), "--suite", "mt-bench", "--methods", "none"]
+
+
+def test_the_cli_adds_the_bench_line_on_stderr_only():
+    args = ["export", "--model", "qwen3-8b", "--method", "dflash", "--engine", "vllm"]
+    result = runner.invoke(app, [*args, "--port", "9001"])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1  # stdout: the launch line alone
+    assert result.stdout.startswith("vllm serve Qwen/Qwen3-8B") and "9001" in result.stdout
+    assert (
+        "measure it: specgen bench --endpoint http://127.0.0.1:9001/v1 --endpoint-model "
+        "Qwen/Qwen3-8B --suite builtin --methods none --no-think"
+    ) in result.stderr
+    assert "--per-request-spec-decode-metrics summary" in result.stderr
+    sglang = runner.invoke(app, [*args[:-1], "sglang"])
+    assert "measure it: specgen bench --endpoint http://127.0.0.1:8000/v1" in sglang.stderr
+    assert "per-request-spec-decode-metrics" not in sglang.stderr

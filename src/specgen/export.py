@@ -118,6 +118,18 @@ def launch_command(engine: str, serve: ServeTarget, *, tp: int = 1, port: int = 
     return shlex.join(launch_argv(engine, serve, tp=tp, port=port))
 
 
+def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin") -> str:
+    """The `specgen bench` line that measures the launched server: the same suite over its
+    OpenAI API (the engines serve the target under its repo or path), endpoint alone (a
+    local copy of the target next to the engine's would not fit most GPUs), in the chat
+    mode the drafter was trained with."""
+    argv = ["specgen", "bench", "--endpoint", f"http://127.0.0.1:{port}/v1"]
+    argv += ["--endpoint-model", serve.target, "--suite", suite, "--methods", "none"]
+    if serve.thinking is not None:
+        argv.append("--think" if serve.thinking else "--no-think")
+    return shlex.join(argv)
+
+
 def notes(engine: str, serve: ServeTarget) -> list[str]:
     """What the user should know about running it."""
     out = []

@@ -11,6 +11,11 @@ the same harness on the same loaded target. At temperature 0 every
 method's tokens are compared with AR's; where they differ, the target's logit margin
 (top-1 minus top-2) at the first divergent position says whether it is a near-tie (expected
 in bf16) or a bug (anything in fp32).
+
+Endpoints (bench/endpoint.py) take their turn in the same rotation, one streamed request
+per prompt and repeat, as one more "method" each. At temperature 0 their answers are
+compared with AR's too: by token ids where the server sends them, else by text (the
+divergent position is then AR's first token whose text the server's answer leaves).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.bench.endpoint import EndpointClient
 from specgen.bench.modeled import prices_of
+from specgen.bench.stream import ServedStats
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
@@ -44,6 +51,9 @@ class PromptRun:
     stats: GenStats  # counters of the first repeat (identical across greedy repeats)
     modeled: tuple[int, float] | None = None  # (tokens, seconds) after the prefill, priced
     # by the bench's cost table (bench/modeled.py); None where nothing could price it
+    text: str = ""  # the answer's text as streamed
+    remote: bool = False  # an endpoint's answer: `stats` holds only what the server said
+    served: ServedStats | None = None  # an endpoint's speculative statistics, if it sent any
 
 
 @dataclass
@@ -72,41 +82,57 @@ def run_bench(
     sampling: SamplingParams,
     repeats: int = 1,
     progress: Progress | None = None,
+    endpoints: dict[str, EndpointClient] | None = None,
+    think: bool | None = None,
 ) -> BenchRun:
-    """Run every pipeline on every prompt. `pipes` must contain "ar" (a Pipeline); "hf" may
-    be transformers' own generate on the same checkpoint."""
-    if not isinstance(pipes.get("ar"), Pipeline):
+    """Run every pipeline and endpoint on every prompt. `pipes`, unless empty (endpoints
+    only), must contain "ar" (a Pipeline); "hf" may be transformers' own generate on the
+    same checkpoint. `think`: the chat template's thinking mode (None: the model's)."""
+    endpoints = endpoints or {}
+    if pipes and not isinstance(pipes.get("ar"), Pipeline):
         raise ValueError("the benchmark needs the AR baseline")
+    if not pipes and not endpoints:
+        raise ValueError("nothing to benchmark")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     result = BenchRun()
-    names = list(pipes)
-    ar = pipes["ar"]
-    assert isinstance(ar, Pipeline)
+    names = [*pipes, *endpoints]
+    ar = pipes.get("ar")
+    assert ar is None or isinstance(ar, Pipeline)
     fresh = _FreshSessions()
     prices = prices_of(p.costs for p in pipes.values() if isinstance(p, Pipeline))
-    for name in names:  # warm-up: first-call allocations, kernel selection, caches
-        pipe = pipes[name]
+    for pipe in pipes.values():  # warm-up: first-call allocations, kernel selection, caches
         if isinstance(pipe, TransformersBaseline):
             pipe.run(ar.encode("Hello"), 8, sampling)
         else:
             pipe.generate("Hello", max_new_tokens=8, session=fresh(pipe))
-    ids = [ar.encode(p.text) for p in prompts]
+    # (endpoints were warmed up when they were probed)
+    ids = [ar.encode(p.text, think=think) for p in prompts] if ar is not None else []
+    # what the endpoints are asked for: the mode the local target's prompts were built in
+    served_think = think if think is not None or ar is None else ar.thinking
     for i, prompt in enumerate(prompts):
         order = names if i % 2 == 0 else names[::-1]
-        answers: dict[str, list[int]] = {}
+        answers: dict[str, PromptRun] = {}
         for name in order:
-            run = _run_one(
-                pipes[name], name, prompt, i, ids[i], max_new_tokens, sampling, repeats, fresh
-            )
-            if prices is not None and run.stats.shapes:
-                run.modeled = modeled(run.stats.shapes, prices)
+            if name in endpoints:
+                run = _ask(
+                    endpoints[name], name, prompt, i, max_new_tokens, sampling, repeats,
+                    served_think,
+                )  # fmt: skip
+            else:
+                run = _run_one(
+                    pipes[name], name, prompt, i, ids[i], max_new_tokens, sampling, repeats, fresh
+                )
+                if prices is not None and run.stats.shapes:
+                    run.modeled = modeled(run.stats.shapes, prices)
+                result.memory_bytes[name] = max(
+                    result.memory_bytes.get(name, 0), _memory(pipes[name])
+                )
             result.runs.append(run)
-            answers[name] = run.tokens
-            result.memory_bytes[name] = max(result.memory_bytes.get(name, 0), _memory(pipes[name]))
+            answers[name] = run
             if progress:
                 progress(f"{name} · {prompt.category} {i + 1}/{len(prompts)}")
-        if sampling.greedy:
+        if sampling.greedy and ar is not None:
             _compare(result, ar, prompt, i, ids[i], answers)
     return result
 
@@ -144,6 +170,7 @@ def _run_one(
         if pipe.model.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipe.model.device)
         tokens: list[int] = []
+        text: list[str] = []
         stats = GenStats()
         if isinstance(pipe, TransformersBaseline):
             tokens, stats = pipe.run(ids, max_new_tokens, sampling)
@@ -153,11 +180,12 @@ def _run_one(
             )
             for chunk in chunks:
                 tokens.extend(chunk.token_ids)
+                text.append(chunk.text)
                 stats = chunk.stats
         times.append(stats.seconds)
         ttfts.append(stats.ttft_seconds or 0.0)
         if first is None:
-            first = (tokens, stats)
+            first = (tokens, stats, "".join(text))
     assert first is not None
     return PromptRun(
         method=name,
@@ -167,6 +195,49 @@ def _run_one(
         seconds=statistics.median(times),
         ttft_seconds=statistics.median(ttfts),
         stats=first[1],
+        text=first[2],
+    )
+
+
+def _ask(
+    client: EndpointClient,
+    name: str,
+    prompt: BenchPrompt,
+    index: int,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    repeats: int,
+    think: bool | None,
+) -> PromptRun:
+    """The prompt as one chat request to an endpoint, `repeats` times (median times)."""
+    answers = [
+        client.chat(prompt.text, max_tokens=max_new_tokens, sampling=sampling, think=think)
+        for _ in range(repeats)
+    ]
+    first = answers[0]
+    served = first.stats
+    stats = GenStats(
+        new_tokens=first.tokens,
+        steps=(served.steps or 0) if served else 0,
+        accepted=(served.accepted or 0) if served else 0,
+        verified=(served.drafted or 0) if served else 0,
+        seconds=first.seconds,
+        ttft_seconds=first.ttft_seconds,
+        finish_reason=first.finish_reason,
+        method=name,
+    )
+    ttfts = [a.ttft_seconds for a in answers if a.ttft_seconds is not None]
+    return PromptRun(
+        method=name,
+        category=prompt.category,
+        prompt=index,
+        tokens=list(first.token_ids or []),
+        seconds=statistics.median(a.seconds for a in answers),
+        ttft_seconds=statistics.median(ttfts) if ttfts else 0.0,
+        stats=stats,
+        text=first.text,
+        remote=True,
+        served=served,
     )
 
 
@@ -176,20 +247,36 @@ def _compare(
     prompt: BenchPrompt,
     index: int,
     ids: list[int],
-    answers: dict[str, list[int]],
+    answers: dict[str, PromptRun],
 ) -> None:
-    want = answers["ar"]
-    for name, got in answers.items():
+    want = answers["ar"].tokens
+    for name, run in answers.items():
         if name == "ar":
             continue
         result.compared[name] = result.compared.get(name, 0) + 1
-        if got == want:
-            result.identical[name] = result.identical.get(name, 0) + 1
-            continue
-        pos = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-        pos = min(len(got), len(want)) if pos is None else pos
+        if run.remote and not run.tokens:  # no token ids from this server: its text
+            if run.text == answers["ar"].text:
+                result.identical[name] = result.identical.get(name, 0) + 1
+                continue
+            pos = _text_divergence(ar, want, run.text)
+        else:
+            got = run.tokens
+            if got == want:
+                result.identical[name] = result.identical.get(name, 0) + 1
+                continue
+            pos = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            pos = min(len(got), len(want)) if pos is None else pos
         margin = _margin(ar, ids + want[:pos])
         result.divergences.append(Divergence(name, prompt.category, index, pos, margin))
+
+
+def _text_divergence(ar: Pipeline, want: list[int], got: str) -> int:
+    """The first of AR's tokens whose text `got` does not continue with."""
+    for j in range(len(want)):
+        # a token that ends inside a multi-byte character decodes to U+FFFD until completed
+        if not got.startswith(ar.codec.decode(want[: j + 1]).rstrip("\ufffd")):
+            return j
+    return len(want)
 
 
 @torch.inference_mode()

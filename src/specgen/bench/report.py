@@ -8,6 +8,13 @@ mean verify length (drafts verified per target forward) and mean time to first t
 Where the bench could price every step from its cost table (bench/modeled.py), also the
 modeled tokens/s after the prefill and its speedup over AR's: the same on every rerun, so
 it separates two schedulers' decisions where the measured speedups are within the noise.
+Decode tokens/s leaves the first token out: (tokens − 1) / (seconds − TTFT).
+
+An endpoint's rows (bench/endpoint.py) hold what the client measured (tokens/s from the
+server's completion tokens and the client's clock, TTFT to the first content chunk) and
+what the server said: τ, steps, drafts and the histogram where it reports them (None
+where it does not; `tau_source` says whether τ was reported or derived from its counts).
+Its speedup is over the local AR's tokens/s when AR ran in the same bench, else None.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from specgen.bench.harness import BenchRun, PromptRun
 from specgen.errors import SpecgenError
@@ -24,6 +32,8 @@ ALL = "all"
 
 
 def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
+    if runs and runs[0].remote:
+        return _aggregate_remote(runs)
     tokens = sum(r.stats.new_tokens for r in runs)
     seconds = sum(r.seconds for r in runs)
     steps = sum(r.stats.steps for r in runs)
@@ -55,7 +65,59 @@ def _aggregate(runs: list[PromptRun]) -> dict[str, Any]:
         ],
         "acceptance_histogram": {k: v for k, v in histogram.items() if v},
         "ttft_seconds": round(sum(r.ttft_seconds for r in runs) / len(runs), 4) if runs else 0.0,
+        "decode_tokens_per_second": _decode_rate(runs),
         "modeled_tokens_per_second": modeled_rate,
+    }
+
+
+def _decode_rate(runs: list[PromptRun]) -> float | None:
+    """Tokens after the first over the time after it, summed over the prompts."""
+    timed = [r for r in runs if r.stats.new_tokens > 1 and r.seconds > r.ttft_seconds > 0]
+    seconds = sum(r.seconds - r.ttft_seconds for r in timed)
+    if not seconds:
+        return None
+    return round(sum(r.stats.new_tokens - 1 for r in timed) / seconds, 3)
+
+
+def _aggregate_remote(runs: list[PromptRun]) -> dict[str, Any]:
+    """An endpoint's row: the client's timings, and the server's speculative statistics
+    where every answer carried them (a number over some of them would mislead)."""
+    tokens = sum(r.stats.new_tokens for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    served = [r.served for r in runs if r.served is not None and r.served.tau is not None]
+    known = len(served) == len(runs)
+    counted = known and all(s.steps and s.accepted is not None for s in served)
+    steps = sum(r.stats.steps for r in runs) if counted else None
+    accepted = sum(r.stats.accepted for r in runs)
+    tau = None
+    if steps:
+        tau = round((accepted + steps) / steps, 3)
+    elif known:  # τ per answer only: each answer took its tokens / τ steps
+        parts = sum(r.stats.new_tokens / s.tau for r, s in zip(runs, served, strict=True) if s.tau)
+        tau = round(tokens / parts, 3) if parts else None
+    verified = sum(r.stats.verified for r in runs)
+    drafted = counted and all(s.drafted is not None for s in served)
+    histogram: dict[str, int] = {}
+    if known and all(s.histogram for s in served):
+        for s in served:
+            for j, n in enumerate(s.histogram or ()):
+                histogram[str(j + 1)] = histogram.get(str(j + 1), 0) + n  # accepted + 1
+    derived = any(s.source == "derived" for s in served)
+    return {
+        "prompts": len(runs),
+        "new_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
+        "tau": tau,
+        "tau_source": None if tau is None else ("derived" if derived else "reported"),
+        "steps": steps,
+        "mean_verify_length": round(verified / steps, 3) if drafted and steps else None,
+        "draft_acceptance_rate": round(accepted / verified, 4) if drafted and verified else None,
+        "acceptance_per_position": [],  # no server reports per-position counts
+        "acceptance_histogram": {k: v for k, v in histogram.items() if v},
+        "ttft_seconds": round(sum(r.ttft_seconds for r in runs) / len(runs), 4) if runs else 0.0,
+        "decode_tokens_per_second": _decode_rate(runs),
+        "modeled_tokens_per_second": None,
     }
 
 
@@ -75,12 +137,10 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
             results[m][c] = _aggregate(picked)
     for m in methods:
         for c, row in results[m].items():
-            base = results["ar"][c]["tokens_per_second"]
+            ar = results.get("ar", {}).get(c, {})  # endpoints alone: no baseline, no speedup
+            base = ar.get("tokens_per_second")
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
-            rate, base = (
-                row["modeled_tokens_per_second"],
-                results["ar"][c]["modeled_tokens_per_second"],
-            )
+            rate, base = row["modeled_tokens_per_second"], ar.get("modeled_tokens_per_second")
             row["modeled_speedup"] = round(rate / base, 4) if rate and base else None
     lossless = None
     if run.compared:
@@ -136,6 +196,8 @@ def results_table(summary: dict[str, Any]) -> Table:
     for header, justify in COLUMNS:
         wraps = header == "category"  # the only free text: it folds, numbers never do
         table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold")
+    # an endpoint's name (endpoint:host:port) is long: it folds rather than widen the table
+    table.columns[0].no_wrap = False
     lossless = summary.get("lossless") or {}
     for m in summary["methods"]:
         for c in [*summary["categories"], ALL]:
@@ -145,18 +207,23 @@ def results_table(summary: dict[str, Any]) -> Table:
                 bad = [d for d in lossless[m]["divergences"] if c in (ALL, d["category"])]
                 same = f"{row['prompts'] - len(bad)}/{row['prompts']}"
             table.add_row(
-                m if c == summary["categories"][0] or len(summary["categories"]) == 1 else "",
+                # Text: an endpoint's name is no markup ("endpoint:x:8000" is not an emoji)
+                Text(m) if c == summary["categories"][0] or len(summary["categories"]) == 1 else "",
                 c,
                 f"{row['tokens_per_second']:.1f}",
                 f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-",
                 f"{row['modeled_speedup']:.3f}x" if row.get("modeled_speedup") else "-",
-                f"{row['tau']:.2f}",
-                f"{row['mean_verify_length']:.2f}",
+                _fixed(row["tau"]),
+                _fixed(row["mean_verify_length"]),
                 f"{row['ttft_seconds']:.2f}",
                 same,
                 end_section=c == ALL,
             )
     return table
+
+
+def _fixed(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def acceptance_lines(summary: dict[str, Any]) -> list[str]:
@@ -167,6 +234,16 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
         if m == "ar":
             continue
         row = summary["results"][m][ALL]
+        if "tau_source" in row:  # an endpoint: what its server said
+            hist = " ".join(f"{k}:{v}" for k, v in row["acceptance_histogram"].items())
+            if row["tau"] is None:
+                lines.append(f"{m}: the server reports no speculative statistics (τ unknown)")
+            else:
+                lines.append(
+                    f"{m}: τ {row['tau_source']} by the server"
+                    + (f" · tokens per step {hist}" if hist else "")
+                )
+            continue
         per_pos = " ".join(f"{a:.2f}" for a in row["acceptance_per_position"]) or "-"
         hist = " ".join(f"{k}:{v}" for k, v in row["acceptance_histogram"].items())
         lines.append(f"{m}: acceptance by position {per_pos} · tokens per step {hist}")
@@ -180,21 +257,27 @@ def plot(summary: dict[str, Any], path: str) -> None:
     cats = [*summary["categories"], ALL]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     width = 0.8 / len(methods)
+    # endpoints alone have no AR to divide by: their tokens/s instead
+    key, first = ("speedup", "speedup vs AR") if "ar" in summary["methods"] else (
+        "tokens_per_second", "tokens/s")  # fmt: skip
     for i, m in enumerate(methods):
         xs = [j + i * width for j in range(len(cats))]
-        axes[0].bar(xs, [summary["results"][m][c]["speedup"] or 0 for c in cats], width, label=m)
-        axes[1].bar(xs, [summary["results"][m][c]["tau"] for c in cats], width, label=m)
+        axes[0].bar(xs, [summary["results"][m][c][key] or 0 for c in cats], width, label=m)
+        axes[1].bar(xs, [summary["results"][m][c]["tau"] or 0 for c in cats], width, label=m)
         hist = summary["results"][m][ALL]["acceptance_histogram"]
         total = sum(hist.values()) or 1
-        axes[2].plot([int(k) for k in hist], [v / total for v in hist.values()], "o-", label=m)
-    for ax, title in zip(axes[:2], ("speedup vs AR", "τ (incl. bonus)"), strict=True):
+        if hist:  # an endpoint whose server reports none has no curve
+            axes[2].plot([int(k) for k in hist], [v / total for v in hist.values()], "o-", label=m)
+    for ax, title in zip(axes[:2], (first, "τ (incl. bonus)"), strict=True):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30)
         ax.set_title(title)
         ax.legend()
-    axes[0].axhline(1.0, color="grey", lw=0.8)
+    if key == "speedup":
+        axes[0].axhline(1.0, color="grey", lw=0.8)
     axes[2].set_title("tokens committed per step")
     axes[2].set_xlabel("accepted + 1")
-    axes[2].legend()
+    if axes[2].get_legend_handles_labels()[0]:
+        axes[2].legend()
     fig.suptitle(f"specgen bench · {summary.get('model')} · {summary.get('suite')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -12,6 +12,7 @@ from specgen.cli.chat import chat
 from specgen.cli.export import export
 from specgen.cli.generate import generate
 from specgen.cli.models import models, pull
+from specgen.cli.serve import serve
 from specgen.cli.train import train
 
 app = typer.Typer(
@@ -66,6 +67,7 @@ app.command()(pull)
 app.command()(bench)
 app.command()(calibrate)
 app.command()(export)
+app.command()(serve)
 app.command()(train)
 
 

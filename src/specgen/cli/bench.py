@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +12,9 @@ from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
 from specgen.errors import SpecgenError
+
+if TYPE_CHECKING:
+    from specgen.bench.endpoint import EndpointClient
 
 EXAMPLES = """
 Examples:
@@ -20,12 +24,16 @@ Examples:
   specgen bench --suite ../shared/data/spec_bench.jsonl --num-prompts 12 --json
 
   specgen bench --model qwen3-8b --methods ar,dflash,dspark --suite mt-bench --plot bench.png
+
+  specgen bench --endpoint http://127.0.0.1:8000/v1 --methods ar,dflash
+
+  specgen bench --endpoint http://127.0.0.1:8000/v1 --methods none --json
 """
 
 
 @run_options(
     "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
-    "device", "dtype", "context", "quiet", "threads", "measure_costs", "debug",
+    "device", "dtype", "context", "think", "quiet", "threads", "measure_costs", "debug",
     max_new_tokens=128, seed=0,
     helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
 )  # fmt: skip
@@ -35,7 +43,8 @@ def bench(
         typer.Option(
             "--methods",
             help="Comma-separated methods (default: ar, ngram and every method with a "
-            "drafter for the model); hf = transformers' generate, same checkpoint and dtype.",
+            "drafter for the model); hf = transformers' generate, same checkpoint and dtype; "
+            "none: no local method (endpoints only).",
         ),
     ] = None,
     suite: Annotated[
@@ -59,10 +68,43 @@ def bench(
     json_out: Annotated[
         bool, typer.Option("--json", help="End with one JSON line holding every number.")
     ] = False,
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--endpoint",
+            help="An OpenAI-compatible server's base URL (specgen serve, vLLM, SGLang, "
+            "llama-server), e.g. http://127.0.0.1:8000/v1, raced as one more method; repeatable.",
+        ),
+    ] = None,
+    endpoint_model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--endpoint-model",
+            help="The model name requests send (default: the first of GET URL/models); "
+            "once for every endpoint, or once per --endpoint.",
+        ),
+    ] = None,
+    endpoint_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--endpoint-name",
+            help="The endpoint's column (default: endpoint:HOST:PORT); once per --endpoint.",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="OPENAI_API_KEY",
+            show_envvar=False,
+            help="Bearer key for the endpoints (default: $OPENAI_API_KEY).",
+        ),
+    ] = None,
     *,
     run: Run,
 ) -> None:
-    """Benchmark AR and the speculative methods on a prompt suite (table, JSON, plot)."""
+    """Benchmark AR and the speculative methods, and any OpenAI-compatible server
+    (--endpoint), on a prompt suite (table, JSON, plot)."""
     with user_errors(run.debug):
         quiet_libraries()
         from specgen.bench.harness import run_bench
@@ -78,22 +120,36 @@ def bench(
                 raise SpecgenError(f"--plot {plot}: no such directory to write it in")
         sampling = run.sampling()
         prompts = load_suite(suite, num_prompts)
-        pipes = _pipelines(run, methods, drafter or [])
-        total = len(prompts) * len(pipes)
-        with display.progress(total, "benchmarking", disable=run.quiet) as advance:
-            result = run_bench(
-                pipes,
-                prompts,
-                max_new_tokens=run.max_new_tokens,
-                sampling=sampling,
-                repeats=repeats,
-                progress=advance,
+        local = methods is None or methods.strip().lower() not in ("", "none")
+        if not local and not endpoint:
+            raise SpecgenError("--methods none runs nothing: give --endpoint URL")
+        if not local and drafter:
+            raise SpecgenError("--drafter given, but --methods none runs no local method")
+        with ExitStack() as stack:
+            # probed before any model loads: a wrong URL, key or model fails now, in one line
+            clients = _endpoints(
+                endpoint or [], endpoint_model or [], endpoint_name or [], api_key, run.quiet
             )
-        ar = pipes["ar"]
+            for client in clients.values():
+                stack.callback(client.close)
+            pipes = _pipelines(run, methods, drafter or []) if local else {}
+            total = len(prompts) * (len(pipes) + len(clients))
+            with display.progress(total, "benchmarking", disable=run.quiet) as advance:
+                result = run_bench(
+                    pipes,
+                    prompts,
+                    max_new_tokens=run.max_new_tokens,
+                    sampling=sampling,
+                    repeats=repeats,
+                    progress=advance,
+                    endpoints=clients,
+                    think=run.think,
+                )
+        ar = pipes.get("ar")
         meta = {
-            "model": ar.name,
-            "device": str(ar.model.device),
-            "dtype": str(ar.model.dtype).removeprefix("torch."),
+            "model": ar.name if ar else ", ".join(c.endpoint.model for c in clients.values()),
+            "device": str(ar.model.device) if ar else None,
+            "dtype": str(ar.model.dtype).removeprefix("torch.") if ar else None,
             "suite": suite,
             "num_prompts": len(prompts),
             "max_new_tokens": run.max_new_tokens,
@@ -102,12 +158,18 @@ def bench(
             "verify_policy": run.verify_policy,
             "engine": run.engine,
             # what `engine` came to here: the compute thread, and on CUDA the resident loop
-            "overlap": ar.overlaps,
-            "resident_steps": ar.resident_steps,
-            "cuda_graphs": run.cuda_graphs and ar.model.device.type == "cuda",
+            "overlap": ar.overlaps if ar else None,
+            "resident_steps": ar.resident_steps if ar else None,
+            "cuda_graphs": run.cuda_graphs and ar is not None and ar.model.device.type == "cuda",
         }
+        if clients:
+            meta["endpoints"] = {
+                name: {"url": c.endpoint.url, "model": c.endpoint.model,
+                       "owned_by": c.endpoint.owned_by}
+                for name, c in clients.items()
+            }  # fmt: skip
         summary = summarize(result, meta)
-        summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result)
+        summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result) if ar else None
         display.show(results_table(summary))
         for line in acceptance_lines(summary):
             display.show(line)
@@ -142,6 +204,44 @@ def _ar_roofline(ar, result) -> float | None:
         context = r.stats.prompt_tokens + r.stats.new_tokens // 2  # the mean over the answer
         shares.append(utilisation(bytes_per_step(ar.model.args, params, size, context), step, peak))
     return round(sum(shares) / len(shares), 4)
+
+
+def _endpoints(
+    urls: list[str], models: list[str], names: list[str], api_key: str | None, quiet: bool
+) -> dict[str, EndpointClient]:
+    """Each --endpoint, probed (its models listed, a short warm-up answer), by its name."""
+    from specgen.bench.endpoint import EndpointClient, base_url, default_name
+    from specgen.spec import METHODS
+
+    if (models or names) and not urls:
+        raise SpecgenError("--endpoint-model and --endpoint-name need an --endpoint URL")
+    if len(models) > 1 and len(models) != len(urls):
+        raise SpecgenError(
+            f"{len(models)} --endpoint-model for {len(urls)} --endpoint: give one, or one each"
+        )
+    if names and len(names) != len(urls):
+        raise SpecgenError(f"{len(names)} --endpoint-name for {len(urls)} --endpoint: one each")
+    labels = names or [default_name(base_url(url)) for url in urls]
+    twice = next((n for n in labels if labels.count(n) > 1), None)
+    if twice is not None:
+        raise SpecgenError(f"two endpoints named {twice}: give each an --endpoint-name")
+    taken = next((n for n in labels if n in (*METHODS, "hf", "none")), None)
+    if taken is not None:
+        raise SpecgenError(f"--endpoint-name {taken} is a local method's name: give another")
+    clients: dict[str, EndpointClient] = {}
+    try:
+        for i, (url, label) in enumerate(zip(urls, labels, strict=True)):
+            model = models[i] if len(models) > 1 else (models[0] if models else None)
+            client = clients[label] = EndpointClient(url, name=label, model=model, api_key=api_key)
+            if not quiet:
+                served = client.endpoint
+                by = f" ({served.owned_by})" if served.owned_by else ""
+                display.status(f"{label}: {served.model}{by} at {served.url}")
+    except BaseException:
+        for client in clients.values():
+            client.close()
+        raise
+    return clients
 
 
 def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:

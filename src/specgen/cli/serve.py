@@ -1,0 +1,170 @@
+"""`specgen serve`: the OpenAI-compatible HTTP API (specgen/serve/), with the same model
+and method options as `generate`, loaded once at start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specgen import display
+from specgen.cli.common import user_errors
+from specgen.cli.options import Run, run_options
+from specgen.errors import SpecgenError
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Pipeline
+
+EXAMPLES = """
+Examples:
+
+  specgen serve --port 8000
+
+  specgen serve --model qwen3-8b --method dspark --api-key "$KEY"
+
+  specgen serve --methods ar,dflash,dspark --port 0
+"""
+
+DEFAULT = "Default for requests that do not set it"
+
+
+@run_options(
+    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
+    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
+    "dtype", "context", "think", "quiet", "threads", "measure_costs", "debug",
+    helps={
+        "method": "Decoding method; with --methods, the one requests get by default. "
+        "Default: ar, or the kind of the --drafter given.",
+        "drafter": "Drafter checkpoint instead of the registry's; with --methods, one per "
+        "method, matched by its kind (a DFlash and a DSpark one for stacked).",
+        "max_new_tokens": f"{DEFAULT} (max_tokens).",
+        "temperature": f"{DEFAULT} (0 = greedy).",
+        "top_p": f"{DEFAULT}.",
+        "top_k": f"{DEFAULT} (0 = off).",
+        "seed": f"{DEFAULT}.",
+        "quiet": "No request log or status lines: only the ready line and errors.",
+        "debug": "Log tracebacks of internal errors (clients still get one line).",
+    },
+)  # fmt: skip
+def serve(
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--methods",
+            help="Load several methods on the one target (comma-separated or repeated; "
+            "weights are shared, each has its own KV cache); a request chooses with "
+            '"specgen": {"method": NAME}.',
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on; 0 picks a free one.")
+    ] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="SPECGEN_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every route but /health and the "
+            "web page (or set SPECGEN_API_KEY).",
+        ),
+    ] = None,
+    queue_size: Annotated[
+        int,
+        typer.Option(
+            "--queue-size",
+            help="Requests that may wait while one is answered; beyond it, 503 + Retry-After.",
+        ),
+    ] = 16,
+    shutdown_timeout: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-timeout",
+            help="Seconds answers in flight get to finish after Ctrl-C/SIGTERM before they "
+            "are cut (finish_reason cancelled); a second Ctrl-C cuts them at once.",
+        ),
+    ] = 10.0,
+    *,
+    run: Run,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API, with speculative stats per answer."""
+    with user_errors(run.debug):
+        from specgen.serve.openai_api import Defaults
+        from specgen.serve.server import ServeConfig
+        from specgen.serve.server import serve as run_server
+
+        run.sampling()  # bad sampling options fail before anything loads
+        defaults = Defaults(
+            max_tokens=run.max_new_tokens, temperature=run.temperature, top_p=run.top_p,
+            top_k=run.top_k, seed=run.seed, think=run.think,
+        )  # fmt: skip
+        config = ServeConfig(
+            host=host, port=port, api_key=api_key, queue_size=queue_size,
+            shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
+            debug=run.debug,
+        )  # fmt: skip
+        config.check()
+        run_server(_loader(run, _names(methods, run)), config)
+
+
+serve.__doc__ = (serve.__doc__ or "") + EXAMPLES
+
+
+def _names(methods: list[str] | None, run: Run) -> list[str]:
+    """The methods to load, the default first; empty: the one `--method` says."""
+    from specgen.spec import METHODS
+
+    names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
+    if not names:
+        return []
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise SpecgenError(f"unknown method {unknown[0]!r}; available: {', '.join(METHODS)}")
+    default = getattr(run.method, "value", run.method) or names[0]
+    return list(dict.fromkeys([default, *names]))
+
+
+def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
+    """What the server's worker thread calls to load the pipelines (method -> pipeline):
+    as `generate` loads one, or the first of `names` and the others on its weights."""
+
+    def load_one() -> dict[str, Pipeline]:
+        pipe = run.load()
+        return {pipe.spec.method: pipe}
+
+    def load_several() -> dict[str, Pipeline]:
+        given = _drafters_by_method(run.drafter or [], names)
+        plain = replace(run, method=None)  # --method ar names the default, not "no drafter"
+        base = run.load(plain.spec(method=names[0], drafter=given.get(names[0])))
+        notify = None if run.quiet else display.status
+        pipes = {names[0]: base}
+        for name in names[1:]:
+            spec = plain.spec(method=name, drafter=given.get(name))
+            pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
+        return pipes
+
+    return load_several if names else load_one
+
+
+def _drafters_by_method(drafters: list[str], names: list[str]) -> dict:
+    """Each method's checkpoints among the --drafter given, matched by their kind (stacked:
+    the DFlash and the DSpark one); a drafter no loaded method uses is refused."""
+    from specgen.drafting import DRAFTERS, method_of
+    from specgen.hub import resolve_drafter
+
+    by_kind: dict[str, str] = {}
+    for path in drafters:
+        kind = method_of(resolve_drafter(path))
+        if kind in by_kind:
+            raise SpecgenError(f"two --drafter of kind {kind}: give one per method")
+        by_kind[kind] = str(resolve_drafter(path))
+    given = {m: DRAFTERS[m].registry_drafter(by_kind) for m in names if m in DRAFTERS}
+    used = {p for d in given.values() if d for p in ((d,) if isinstance(d, str) else d)}
+    unused = [kind for kind, path in by_kind.items() if path not in used]
+    if unused:
+        raise SpecgenError(f"--drafter of kind {unused[0]} given, but --methods has no {unused[0]}")
+    return {m: d for m, d in given.items() if d}

@@ -1,0 +1,318 @@
+"""The HTTP side: FastAPI routes that parse, queue a job for the worker and stream its
+events back. Nothing here touches torch; tokenizing runs in a thread of its own.
+
+Streaming is Starlette's `StreamingResponse` writing `data: {json}\\n\\n` lines, rather than
+sse-starlette or FastAPI's newer SSE support: the framing is one f-string, the class is
+in every Starlette version the dependency range allows, and it cancels the body iterator
+when the client disconnects, which is what stops the generation at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+from starlette.responses import StreamingResponse
+
+from specgen import display
+from specgen.errors import SpecgenError
+from specgen.serve.errors import APIError, invalid
+from specgen.serve.metrics import Metrics
+from specgen.serve.openai_api import Defaults, GenRequest, Reply, parse, usage
+from specgen.serve.worker import Delta, Failed, Job, Overloaded, Worker
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Pipeline
+
+STATIC = Path(__file__).resolve().parent / "static"  # the web view (index.html and assets)
+OPEN_PATHS = ("/health", "/", "/favicon.ico")  # no API key needed (also /static/...)
+UNAUTHORIZED = APIError(
+    401,
+    "a valid API key is required (Authorization: Bearer KEY)",
+    code="invalid_api_key",
+    headers={"WWW-Authenticate": "Bearer"},
+)
+
+
+@dataclass
+class Service:
+    """What the routes share: the worker and its pipelines, the settings, the counters."""
+
+    worker: Worker
+    model: str  # the served model id
+    names: frozenset[str]  # what a request's `model` may say
+    defaults: Defaults
+    metrics: Metrics
+    api_key: str | None = None
+    debug: bool = False
+    draining: bool = False  # stopping: new requests get 503
+    started: int = field(default_factory=lambda: int(time.time()))
+    encoder: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="specgen-encode")
+    )
+
+    @property
+    def pipes(self) -> dict[str, Pipeline]:
+        return self.worker.pipes
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(self.pipes)  # the first serves requests that name no method
+
+
+def build_app(service: Service) -> FastAPI:
+    app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, e: Exception) -> JSONResponse:
+        # answered here; GuardedApp, which sees it raised again, logs it
+        return error_response(
+            APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
+        )
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return error_response(APIError(e.status_code, message, code=code))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "stopping" if service.draining else "ok",
+            "model": service.model,
+            "methods": list(service.methods),
+            "queued": service.worker.queued,
+            "running": service.worker.running,
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        pipe = service.pipes[service.methods[0]]
+        card = {
+            "id": service.model,
+            "object": "model",
+            "created": service.started,
+            "owned_by": "specgen",
+            "max_model_len": pipe.context,
+            "specgen": {"methods": list(service.methods), "aliases": sorted(service.names)},
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await answer(service, request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await answer(service, request, chat=False)
+
+    if (STATIC / "index.html").is_file():
+
+        @app.get("/")
+        async def page() -> FileResponse:
+            return FileResponse(STATIC / "index.html")
+
+    if STATIC.is_dir():
+        app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return GuardedApp(app, service)
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def answer(service: Service, request: Request, *, chat: bool) -> Response:
+    """Parse, tokenize, queue; then stream the job's events or wait for its end."""
+    if service.draining:
+        raise APIError(503, "the server is stopping", code="shutting_down")
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise invalid(f"the body is not valid JSON ({e})", code="invalid_json") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and not isinstance(model, str):
+        raise invalid(
+            f"model must be a string (got {type(model).__name__})", "model", "invalid_type"
+        )
+    if model not in (None, "", *service.names):
+        raise APIError(
+            404,
+            f"model {model!r} is not served here; this server runs {service.model!r}",
+            param="model",
+            code="model_not_found",
+        )
+    req = parse(body, chat=chat, defaults=service.defaults, methods=service.methods)
+    pipe = service.pipes[req.method]
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(service.encoder, _encode, pipe, req)
+    if len(ids) >= pipe.context:
+        raise APIError(
+            413,
+            f"the prompt is {len(ids)} tokens but the context is {pipe.context} (leave room for "
+            "at least one new token; the server's --context sets it)",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    events: asyncio.Queue = asyncio.Queue()
+    job = Job(
+        req.method, ids, req.sampling, req.max_tokens, req.stops,
+        post=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+    )  # fmt: skip
+    try:
+        service.worker.submit(job)
+    except Overloaded as e:
+        raise APIError(
+            503,
+            f"the server is busy (its queue of {service.worker.queued} is full); retry later",
+            code="overloaded",
+            headers={"Retry-After": str(e.retry_after)},
+        ) from None
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    reply = Reply(prefix + uuid.uuid4().hex[:24], int(time.time()), service.model, chat)
+    if req.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        sse = _stream(job, events, reply, req)
+        return StreamingResponse(sse, media_type="text/event-stream", headers=headers)
+    return await _whole(job, events, reply, request)
+
+
+def _encode(pipe: Pipeline, req: GenRequest) -> list[int]:
+    """The prompt's token ids: messages through the chat template, text as it is."""
+    import jinja2
+
+    if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+        vocab = pipe.model.args.vocab_size
+        bad = [t for t in req.prompt if not 0 <= t < vocab]  # type: ignore[operator]
+        if bad:
+            raise invalid(f"prompt: token id {bad[0]} is not in [0, {vocab})", "prompt")
+        return list(req.prompt)  # type: ignore[arg-type]
+    param = "messages" if req.chat else "prompt"
+    try:
+        return pipe.encode(req.prompt, raw=not req.chat, think=req.think)  # type: ignore[arg-type]
+    except SpecgenError as e:
+        raise invalid(str(e), param) from None
+    except jinja2.TemplateError as e:  # the model's template refused these messages
+        raise invalid(f"the chat template refused the messages: {e}", param) from None
+
+
+async def _whole(job: Job, events: asyncio.Queue, reply: Reply, request: Request) -> Response:
+    """The answer in one body; a client that leaves first stops the generation."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel.set()
+
+    watcher = asyncio.create_task(watch())
+    text: list[str] = []
+    try:
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                text.append(event.text)
+            elif isinstance(event, Failed):
+                raise event.error
+            else:
+                return JSONResponse(
+                    reply.whole("".join(text), event.finish, usage(*event.usage), event.spec)
+                )
+    finally:
+        watcher.cancel()
+        job.cancel.set()  # a no-op once the job is done
+
+
+async def _stream(
+    job: Job, events: asyncio.Queue, reply: Reply, req: GenRequest
+) -> AsyncIterator[str]:
+    """Server-sent events: a role chunk (chat), text chunks with running stats, the finish
+    chunk with the whole answer's stats, the usage chunk if asked for, then [DONE]."""
+    try:
+        if reply.chat:
+            yield _sse(reply.chunk("", role=True))
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                yield _sse(reply.chunk(event.text, spec=event.spec))
+                continue
+            if isinstance(event, Failed):  # the status line is sent: the error goes inline
+                yield _sse(event.error.body())
+            else:
+                yield _sse(reply.chunk(None, event.finish, spec=event.spec))
+                if req.include_usage:
+                    yield _sse(reply.usage_chunk(usage(*event.usage), event.spec))
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        job.cancel.set()  # the client left (or the stream ended): stop at the next step
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class GuardedApp:
+    """ASGI wrapper around the routes: the API key, counting requests by route and status,
+    and a bug answered as a one-line 500 (the traceback only in the log, with --debug)."""
+
+    def __init__(self, app: FastAPI, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        status = 500
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status, started = message["status"], True
+            await send(message)
+
+        try:
+            if not self._allowed(scope, path):
+                await error_response(UNAUTHORIZED)(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        except Exception as e:  # a bug in a route: the server answers and keeps serving
+            if self.service.debug:
+                traceback.print_exc()
+            display.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
+            if not started:
+                bug = APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
+                await error_response(bug)(scope, receive, sending)
+        finally:
+            self.service.metrics.request(path, status)
+
+    def _allowed(self, scope: dict, path: str) -> bool:
+        key = self.service.api_key
+        if key is None or path in OPEN_PATHS or path.startswith("/static/"):
+            return True
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"authorization", b"").decode("latin-1")
+        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), key)

@@ -1,0 +1,303 @@
+"""OpenAI's request fields in, `GenRequest` out; and the response bodies back.
+
+Fields specgen implements are checked for type and range (a 400 naming the field).
+Harmless fields it does not implement (`user`, `logprobs: false`, penalties of 0, ...) are
+accepted and ignored, as are unknown ones (clients send many); a field it cannot honour
+with the value given (`n: 2`, `logprobs: true`, `tools`, ...) is a 400 naming it, rather
+than an answer that silently ignores what was asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specgen.config import SamplingParams
+from specgen.serve.errors import invalid
+
+Messages = list[dict[str, str]]
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 16
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+# field -> the values that change nothing (anything else cannot be honoured: a 400)
+HARMLESS: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+}
+COMPLETION_HARMLESS = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets (the server's command-line options)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    think: bool | None = None
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    chat: bool  # /v1/chat/completions (else /v1/completions)
+    prompt: Messages | str | list[int]  # messages; raw text; or token ids
+    method: str
+    sampling: SamplingParams
+    max_tokens: int
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    think: bool | None
+
+
+def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]) -> GenRequest:
+    """`body` (parsed JSON) as a request; `methods[0]` serves requests that name none."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", code="invalid_type")
+    for name, values in (HARMLESS | ({} if chat else COMPLETION_HARMLESS)).items():
+        if name in body and not any(_same(body[name], v) for v in values):
+            raise invalid(
+                f"{name}={_short(body[name])} is not supported by specgen (accepted: "
+                f"{', '.join(_short(v) for v in values if v is not None) or 'null'})",
+                name,
+                "unsupported_value",
+            )
+    prompt = _messages(body) if chat else _prompt(body)
+    max_tokens = _field(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _field(body, "max_tokens", int)
+    temperature = _field(body, "temperature", float, defaults.temperature)
+    top_p = _field(body, "top_p", float, defaults.top_p)
+    top_k = _field(body, "top_k", int, defaults.top_k)
+    seed = _field(body, "seed", int, defaults.seed)
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1 (got {max_tokens})", "max_tokens")
+    if not 0 <= temperature <= 2:
+        raise invalid(f"temperature must be in [0, 2] (got {temperature})", "temperature")
+    if not 0 < top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1] (got {top_p})", "top_p")
+    if top_k < -1:
+        raise invalid(f"top_k must be >= 0 (or -1: off) (got {top_k})", "top_k")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise invalid(f"seed must be a 64-bit integer (got {seed})", "seed")
+    stream = bool(_field(body, "stream", bool, False))
+    options = _field(body, "stream_options", dict, {})
+    include_usage = _field(options, "include_usage", bool, False, "stream_options.")
+    return GenRequest(
+        chat=chat,
+        prompt=prompt,
+        method=_method(body, methods),
+        sampling=SamplingParams(
+            temperature=temperature, top_k=max(top_k, 0), top_p=top_p, seed=seed
+        ),
+        max_tokens=max_tokens or defaults.max_tokens,
+        stops=_stops(body),
+        stream=stream,
+        include_usage=bool(include_usage) and stream,
+        think=_think(body, defaults.think),
+    )
+
+
+def _same(value: Any, harmless: Any) -> bool:
+    if isinstance(value, bool) or isinstance(harmless, bool):
+        return value is harmless
+    return value == harmless
+
+
+def _short(value: Any) -> str:
+    import json
+
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
+          dict: "an object", list: "an array"}  # fmt: skip
+
+
+def _field(body: dict, name: str, kind: type, default: Any = None, prefix: str = "") -> Any:
+    """`body[name]` if it is of `kind` (a JSON null: `default`), else a 400 naming it."""
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    if not ok:
+        got = "null" if value is None else type(value).__name__
+        raise invalid(
+            f"{prefix}{name} must be {_KINDS[kind]} (got {got})", prefix + name, "invalid_type"
+        )
+    return value
+
+
+def _messages(body: dict) -> Messages:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages must be a non-empty array of messages", "messages", "invalid_type")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(f"{where} must be an object", where, "invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            roles = ", ".join(ROLES)
+            raise invalid(f"{where}.role must be one of {roles} (got {_short(role)}): specgen "
+                          "has no tools", f"{where}.role", "unsupported_value")  # fmt: skip
+        if message.get("tool_calls"):
+            raise invalid(f"{where}.tool_calls: specgen has no tools", f"{where}.tool_calls")
+        out.append({"role": ROLES[role], "content": _content(message.get("content"), where)})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or an array of text parts (joined by newlines)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise invalid(f"{where}.content: only text parts are supported",
+                              f"{where}.content", "unsupported_value")  # fmt: skip
+            texts.append(_field(part, "text", str, "", f"{where}.content[]."))
+        return "\n".join(texts)
+    raise invalid(f"{where}.content must be a string or an array of text parts",
+                  f"{where}.content", "invalid_type")  # fmt: skip
+
+
+def _prompt(body: dict) -> str | list[int]:
+    """/v1/completions: one prompt, as text (no chat template) or as token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise invalid("prompt: one prompt per request (batches are not supported)",
+                      "prompt", "unsupported_value")  # fmt: skip
+    raise invalid("prompt must be a string or an array of token ids", "prompt", "invalid_type")
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop must be a string or an array of strings", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise invalid(f"stop: at most {MAX_STOPS} strings (got {len(stops)})", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _method(body: dict, methods: tuple[str, ...]) -> str:
+    """The extension `"specgen": {"method": NAME}`: one of the loaded methods."""
+    ext = _field(body, "specgen", dict, {})
+    unknown = sorted(set(ext) - {"method"})
+    if unknown:
+        raise invalid(
+            f"specgen.{unknown[0]}: unknown field (known: method)", f"specgen.{unknown[0]}"
+        )
+    method = _field(ext, "method", str, methods[0], "specgen.")
+    if method not in methods:
+        raise invalid(
+            f"specgen.method {method!r} is not loaded; this server runs: {', '.join(methods)} "
+            "(start it with --methods to load more)",
+            "specgen.method",
+            "unsupported_value",
+        )
+    return method
+
+
+def _think(body: dict, default: bool | None) -> bool | None:
+    """vLLM's `chat_template_kwargs: {"enable_thinking": bool}` (Qwen3's thinking mode)."""
+    kwargs = _field(body, "chat_template_kwargs", dict, {})
+    return _field(kwargs, "enable_thinking", bool, default, "chat_template_kwargs.")
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The fields every body of one answer shares."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        obj = kind + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, finish: str, use: dict, spec: dict) -> dict[str, Any]:
+        """The non-streamed answer."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._head(False), "choices": [choice], "usage": use, "specgen": spec}
+
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        *,
+        role: bool = False,
+        spec: dict | None = None,
+    ) -> dict[str, Any]:
+        """One streamed chunk: a delta of text, or the finish (then `text` is None)."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        body = {**self._head(True), "choices": [choice]}
+        if spec is not None:
+            body["specgen"] = spec
+        return body
+
+    def usage_chunk(self, use: dict, spec: dict) -> dict[str, Any]:
+        """`stream_options.include_usage`: the last chunk, with no choices."""
+        return {**self._head(True), "choices": [], "usage": use, "specgen": spec}

@@ -1,0 +1,169 @@
+"""`serve`: bind the port, load the pipelines in the worker thread, run uvicorn until a
+signal, and leave cleanly.
+
+Stopping: the first Ctrl-C or SIGTERM stops accepting connections and lets the answers in
+flight (and those queued) finish for up to `shutdown_timeout` seconds; then, or at a
+second signal, each ends at its next step with finish_reason "cancelled" (a stream still
+gets its last chunk and `data: [DONE]`). A third signal quits at once. The exit status is
+0: stopping on a signal is how a server ends.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from specgen import display
+from specgen.errors import SpecgenError
+from specgen.registry import MODELS
+from specgen.serve.app import Service, build_app
+from specgen.serve.metrics import Metrics
+from specgen.serve.openai_api import Defaults
+from specgen.serve.worker import Worker
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Pipeline
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free port, printed in the ready line
+    api_key: str | None = None
+    queue_size: int = 16  # requests that may wait while one is answered
+    shutdown_timeout: float = 10.0  # seconds answers in flight get after the first signal
+    defaults: Defaults = Defaults()
+    quiet: bool = False  # no request log or status lines
+    debug: bool = False  # tracebacks in the log
+
+    def check(self) -> None:
+        """Bad values fail before the model loads."""
+        if not 0 <= self.port <= 65535:
+            raise SpecgenError(f"--port must be in [0, 65535] (got {self.port})")
+        if self.queue_size < 1:
+            raise SpecgenError(f"--queue-size must be at least 1 (got {self.queue_size})")
+        if self.shutdown_timeout < 0:
+            raise SpecgenError(f"--shutdown-timeout must be >= 0 (got {self.shutdown_timeout})")
+        if self.api_key is not None and not self.api_key.strip():
+            raise SpecgenError("--api-key is empty")
+
+
+def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
+    """Serve the pipelines `load()` returns (method -> pipeline, the first the default)
+    until a signal. `load` runs in the worker thread, which then owns all torch work."""
+    config.check()
+    sock = _listen(config.host, config.port)  # before the slow part: a busy port fails now
+    worker = Worker(load, queue_size=config.queue_size, debug=config.debug)
+    try:
+        pipes = worker.start()
+        base = next(iter(pipes.values()))
+        metrics = Metrics(tuple(pipes))
+        metrics.queued = lambda: worker.queued
+        metrics.running = lambda: worker.running
+        worker.metrics = metrics
+        model = served_id(base.name)
+        service = Service(
+            worker, model, frozenset(model_names(base.name)), config.defaults, metrics,
+            api_key=config.api_key, debug=config.debug,
+        )  # fmt: skip
+        host, port = sock.getsockname()[:2]
+        where = f"[{host}]" if ":" in host else host
+        ready = f"serving {model} ({', '.join(pipes)}) on http://{where}:{port}/v1"
+        uv = uvicorn.Config(
+            build_app(service),
+            lifespan="off",
+            log_config=_log_config(config.quiet),
+            timeout_graceful_shutdown=None,  # stopping is handled in _Server
+        )
+        server = _Server(uv, worker, service, ready, config)
+        server.run(sockets=[sock])
+    finally:
+        worker.close()
+        sock.close()
+
+
+def served_id(name: str) -> str:
+    """The model id clients see: the alias or repo, or a local checkpoint's own name."""
+    path = Path(name)
+    if path.exists():
+        return path.stem if path.suffix == ".gguf" else path.resolve().name
+    return name
+
+
+def model_names(name: str) -> set[str]:
+    """What a request's `model` may say: the served id, the name as given, the alias's
+    Hub repo (or the alias of a repo given by name)."""
+    names = {name, served_id(name)}
+    for entry in MODELS.values():
+        if name.lower() in (entry.alias, entry.repo.lower()):
+            names |= {entry.alias, entry.repo}
+    return names
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        raise SpecgenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _log_config(quiet: bool) -> dict:
+    """uvicorn's logging with its start-up chatter off (the ready line says it all) and,
+    unless quiet, one access line per request."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["loggers"]["uvicorn"]["level"] = "WARNING"
+    cfg["loggers"]["uvicorn.error"]["level"] = "WARNING"
+    cfg["loggers"]["uvicorn.access"]["level"] = "WARNING" if quiet else "INFO"
+    return cfg
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server with specgen's ready line and stopping rules."""
+
+    def __init__(
+        self, config: uvicorn.Config, worker: Worker, service: Service, ready: str,
+        opts: ServeConfig,
+    ) -> None:  # fmt: skip
+        super().__init__(config)
+        self.worker, self.service, self.ready, self.opts = worker, service, ready, opts
+        self.signals = 0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            display.write(self.ready + "\n")
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own raises the signal again once it has shut down (exit 130 or 143);
+        # a server stopped on purpose exits 0
+        self.signals += 1
+        if self.signals == 1:
+            self.should_exit = True
+            self.service.draining = True
+            busy = self.worker.queued + self.worker.running
+            if busy and not self.opts.quiet:
+                display.status(
+                    f"stopping: {display.plural(busy, 'answer')} in flight get "
+                    f"{self.opts.shutdown_timeout:g} s to finish (Ctrl-C again cuts them)"
+                )
+            timer = threading.Timer(self.opts.shutdown_timeout, self.worker.cut_all)
+            timer.daemon = True
+            timer.start()
+        elif self.signals == 2:
+            self.worker.cut_all()
+        else:
+            self.force_exit = True

@@ -1,0 +1,215 @@
+"""The one thread that owns the model: it loads the pipelines, then answers requests one
+at a time, in the order they came, from a bounded queue.
+
+One thread for all torch work (loading included) because the model, its KV caches and
+the sessions that reuse cached prefixes are not thread-safe, and because on the CPU torch
+runs slower from a thread other than the one whose OpenMP team it formed (docs/results.md).
+The event loop only queues jobs and reads their events.
+
+A job's events (`Delta`, then `Done` or `Failed`) go to a callback that must be safe to
+call from this thread (the server hands them to the event loop). Cancelling a job (its
+client left, or the server is stopping) ends its generation at the next step: closing
+`Pipeline.stream_ids` settles the session, so the next answer finds a consistent cache.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specgen import display
+from specgen.config import SamplingParams
+from specgen.errors import SpecgenError
+from specgen.live import modeled_speedup
+from specgen.serve import report
+from specgen.serve.errors import APIError
+from specgen.serve.metrics import Metrics
+from specgen.serve.stops import StopCut
+
+if TYPE_CHECKING:
+    from specgen.pipeline import Pipeline
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    spec: dict[str, Any]  # report.running: drafted_chars, totals so far
+
+
+@dataclass(frozen=True)
+class Done:
+    finish: str  # stop, length, or cancelled
+    usage: tuple[int, int, int]  # prompt, completion, cached prompt tokens
+    spec: dict[str, Any]  # report.final
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: APIError
+
+
+@dataclass(eq=False)
+class Job:
+    method: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stops: tuple[str, ...]
+    post: Callable[[Delta | Done | Failed], None]  # called from the worker thread
+    cancel: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class Overloaded(Exception):
+    """The queue is full; `retry_after` seconds is a guess at when it will not be."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Worker:
+    def __init__(
+        self,
+        load: Callable[[], dict[str, Pipeline]],
+        *,
+        queue_size: int,
+        debug: bool = False,
+    ) -> None:
+        self._load = load
+        self._jobs: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        self._debug = debug
+        self._thread = threading.Thread(target=self._main, name="specgen-serve", daemon=True)
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self._closing = threading.Event()  # the thread should leave
+        self._cutting = threading.Event()  # every answer ends now, finish_reason "cancelled"
+        self._running: Job | None = None
+        self._answer_seconds = 1.0  # a running mean, for Retry-After
+        self.pipes: dict[str, Pipeline] = {}
+        self.metrics: Metrics | None = None
+
+    def start(self) -> dict[str, Pipeline]:
+        """Load the pipelines in the worker thread; its error is raised here."""
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
+        return self.pipes
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    @property
+    def running(self) -> int:
+        return int(self._running is not None)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`, or raise `Overloaded` when the queue is full."""
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            wait = self._answer_seconds * (self._jobs.qsize() + 1)
+            raise Overloaded(max(1, min(60, round(wait + 0.5)))) from None
+
+    def cut_all(self) -> None:
+        """End the running answer at its next step and every queued one at once, each
+        with finish_reason "cancelled" (the server is stopping)."""
+        self._cutting.set()
+
+    def close(self) -> None:
+        self._cutting.set()
+        self._closing.set()
+        if self._loaded.is_set():  # a load cut short (Ctrl-C) is not waited for
+            self._thread.join(timeout=10)
+
+    def _main(self) -> None:
+        try:
+            self.pipes = self._load()
+        except BaseException as e:  # handed to start(), raised in the main thread
+            self._load_error = e
+            return
+        finally:
+            self._loaded.set()
+        while not self._closing.is_set():
+            try:
+                job = self._jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if job.cancel.is_set():  # its client left while it waited
+                continue
+            self._running = job
+            start = time.perf_counter()
+            try:
+                self._answer(job)
+            finally:
+                self._running = None
+                self._answer_seconds = 0.8 * self._answer_seconds + 0.2 * (
+                    time.perf_counter() - start
+                )
+
+    def _answer(self, job: Job) -> None:
+        try:
+            self._generate(job)
+        except SpecgenError as e:  # input the checks before the queue could not see
+            self._post(job, Failed(APIError(400, str(e))))
+        except Exception as e:  # a bug: one line to the client, the log says more
+            if self._debug:
+                traceback.print_exc()
+            display.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
+            bug = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            self._post(job, Failed(bug))
+
+    def _generate(self, job: Job) -> None:
+        queue_seconds = time.perf_counter() - job.queued_at
+        if self._cutting.is_set():  # the server is stopping: answered, not run
+            spec = report.empty(job.method, len(job.prompt_ids))
+            self._post(job, Done("cancelled", (len(job.prompt_ids), 0, 0), spec))
+            return
+        pipe = self.pipes[job.method]
+        cut = StopCut(job.stops)
+        stream = pipe.stream_ids(
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens
+        )
+        stats = None
+        finish = None
+        try:
+            for chunk in stream:
+                stats = chunk.stats
+                for piece in cut.push(chunk.text, chunk.draft_chars):
+                    self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
+                if cut.stopped:
+                    finish = "stop"
+                    break
+                if stats.finish_reason is None and self._cancelled(job):
+                    finish = "cancelled"
+                    break
+        finally:
+            stream.close()  # the pipeline settles the session (a consistent cache)
+        assert stats is not None  # a stream yields the prefill's step at least
+        if finish is None:
+            for piece in cut.flush():
+                self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
+            # the context filling up is a length limit to an OpenAI client
+            finish = "length" if stats.finish_reason in ("length", "context") else "stop"
+        if self.metrics is not None:
+            self.metrics.answer(stats, finish)
+        usage = (stats.prompt_tokens, stats.new_tokens, stats.prompt_tokens - stats.prefill_tokens)
+        speedup = modeled_speedup(stats, pipe.costs)
+        spec = report.final(stats, queue_seconds=queue_seconds, speedup=speedup)
+        self._post(job, Done(finish, usage, spec))
+
+    def _cancelled(self, job: Job) -> bool:
+        return job.cancel.is_set() or self._cutting.is_set()
+
+    def _post(self, job: Job, event: Delta | Done | Failed) -> None:
+        try:
+            job.post(event)
+        except RuntimeError:  # the event loop is gone (the server stopped): stop the answer
+            job.cancel.set()

@@ -3,6 +3,7 @@ statistics object, a full queue, and its command line's one-line errors."""
 
 from __future__ import annotations
 
+import re
 import socket
 from types import SimpleNamespace
 
@@ -246,7 +247,8 @@ def test_a_bug_in_an_answer_is_a_500_line_and_the_next_answer_comes(scripted):
     http, pipe, _ = scripted
     r = http.post("/v1/completions", json={"prompt": "boom"})
     assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
-    assert r.json()["error"]["message"] == "internal error: RuntimeError: boom"
+    message = r.json()["error"]["message"]  # with where it was raised, for a bug report
+    assert re.fullmatch(r"internal error: RuntimeError: boom at test_serve_units\.py:\d+", message)
     r = http.post("/v1/completions", json={"prompt": "ok"})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "abcENDx"
 

@@ -162,8 +162,13 @@ class Worker:
         except Exception as e:  # a bug: one line to the client, the log says more
             if self._debug:
                 traceback.print_exc()
-            display.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
-            bug = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+            where = _where(e)  # the innermost frame: enough for a bug report
+            display.error(
+                f"internal error: {type(e).__name__}: {e} at {where} (rerun with --debug)"
+            )
+            bug = APIError(
+                500, f"internal error: {type(e).__name__}: {e} at {where}", code="internal_error"
+            )
             self._post(job, Failed(bug))
 
     def _generate(self, job: Job) -> None:
@@ -213,3 +218,11 @@ class Worker:
             job.post(event)
         except RuntimeError:  # the event loop is gone (the server stopped): stop the answer
             job.cancel.set()
+
+
+def _where(error: BaseException) -> str:
+    """`file.py:line` of the frame that raised `error`."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "an unknown place"
+    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}"

@@ -62,7 +62,8 @@ def _layer(layer, cache, x, layer_id, tokens):
 
 
 def main() -> None:
-    from specgen.config import LINEAR, ModelArgs
+    from specgen.config import LINEAR
+    from specgen.hf_configs import model_args
     from specgen.kernels.gated_delta import gated_delta_recurrent, gated_delta_replay
     from specgen.models.gated_deltanet import GatedDeltaNetLayer
     from specgen.models.hybrid_cache import HybridCache
@@ -76,7 +77,7 @@ def main() -> None:
     a = parser.parse_args()
     device = torch.device(a.device)
     cfg = json.loads((FIXTURES / f"qwen3.5-{a.shape}.config.json").read_text())
-    args = ModelArgs.from_hf(cfg, name=f"qwen3.5-{a.shape}")
+    args = model_args(cfg, name=f"qwen3.5-{a.shape}")
     hy = args.hybrid
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)

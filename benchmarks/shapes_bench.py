@@ -36,11 +36,34 @@ PUBLISHED_TAU = {
 }
 
 
+# the target text fields DeepSpec's build_draft_config copies into a Gemma 4 draft config
+GEMMA_COPIED = (
+    "attention_k_eq_v", "final_logit_softcapping", "global_head_dim", "head_dim",
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "num_global_key_value_heads", "rms_norm_eps", "rope_parameters", "sliding_window",
+    "vocab_size",
+)  # fmt: skip
+
+
+def _gemma_dspark_config(target: dict) -> dict:
+    """DeepSpec's Gemma 4 draft config (the published 12B one) resized to this target."""
+    text = target["text_config"]
+    cfg = json.loads((FIXTURES / "dspark-gemma4-12b-block7.config.json").read_text())
+    cfg.update({k: text[k] for k in GEMMA_COPIED if k in text})
+    n = text["num_hidden_layers"]
+    if n != cfg["num_target_layers"]:
+        cfg["target_layer_ids"] = [1, *(1 + i * (n - 4) // 4 for i in (1, 2, 3)), n - 3]
+    cfg.update(num_target_layers=n, mask_token_id=text["vocab_size"] - 1)
+    return cfg
+
+
 def _drafter_config(target: dict, kind: str) -> dict:
     """A draft config in the published layout for this target (DeepSpec's build_draft_config
     for DSpark; z-lab's fields for DFlash)."""
     from specgen.training.checkpoint import text_config
 
+    if kind == "dspark" and str(target.get("model_type", "")).startswith("gemma4"):
+        return _gemma_dspark_config(target)
     target = text_config(target)  # a hybrid target's text fields, as a drafter reads them
     n = target["num_hidden_layers"]
     cfg = {**target, "num_hidden_layers": 5, "layer_types": ["full_attention"] * 5}
@@ -58,7 +81,8 @@ def _drafter_config(target: dict, kind: str) -> dict:
             confidence_head_with_markov=True,
         )
     else:
-        cfg.update(architectures=["DFlashDraftModel"], block_size=16)
+        # z-lab's layout: Qwen3 layers, whatever the target (a Gemma target's scalars kept)
+        cfg.update(architectures=["DFlashDraftModel"], block_size=16, model_type="qwen3")
     return cfg
 
 
@@ -71,14 +95,14 @@ def _randomize(module: torch.nn.Module) -> None:
 
 
 def build(target_cfg: dict, device: str, dtype: torch.dtype):
-    from specgen.config import ModelArgs
     from specgen.drafting.dflash import DFlashMethod
     from specgen.drafting.dspark import DSparkMethod
+    from specgen.hf_configs import model_args
     from specgen.models.dflash import DFlashArgs, DFlashNet
     from specgen.models.dspark import DSparkArgs, DSparkNet
     from specgen.models.transformer import Transformer
 
-    target = Transformer(ModelArgs.from_hf(target_cfg), dtype=dtype, device=device)
+    target = Transformer(model_args(target_cfg), dtype=dtype, device=device)
     _randomize(target)
     dflash = DFlashNet(
         DFlashArgs.from_hf(_drafter_config(target_cfg, "dflash"), name="dflash"),

@@ -5,7 +5,7 @@
 #      (benchmarks/engine_steps.py) -- issue 8's sync-vs-overlap measurement;
 #      and a profile of eager decoding steps (benchmarks/profile_eager_steps.py);
 #   2. the gpu-marked tests and the kernel tests, for real on CUDA;
-#   3. step costs at Qwen3-4B / Qwen3-8B and Qwen3.5-4B / -9B shapes with random bf16 weights,
+#   3. step costs at Qwen3-4B / Qwen3-8B, Qwen3.5-4B / -9B and Gemma-4-12B shapes with random bf16 weights,
 #      eager and as CUDA graphs (benchmarks/shapes_bench.py: AR step, verify-16 / AR, DFlash
 #      draft / AR, and for the hybrid targets a verify after a partial acceptance, whose
 #      Gated DeltaNet layers first replay the committed tokens: the rollback's cost);
@@ -47,7 +47,8 @@ head -3 "$OUT/eager-profile.txt"
 PER_TEST=""
 $PY -c "import pytest_timeout" 2>/dev/null && PER_TEST="--timeout 120"
 timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/kernels \
-  tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
+  tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py \
+  tests/test_gpu_gemma4.py 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"
 
 # 3. step costs at Qwen3-4B and Qwen3-8B shapes, then Qwen3.5-4B and -9B (hybrid)
@@ -56,6 +57,11 @@ timeout 200 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 \
 timeout 200 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 --contexts 512,4096 \
   --target tests/fixtures/qwen3.5-4b.config.json --target tests/fixtures/qwen3.5-9b.config.json \
   --out "$OUT/shapes-qwen3.5.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes-qwen3.5.txt"
+# Gemma-4-12B: sliding (head 256) and global (head 512, one KV head) layers, window 1024;
+# z-lab's DFlash (Qwen3 layers) and DeepSpec's DSpark drafter (Gemma layers) sized for it
+timeout 200 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 --contexts 512,4096 \
+  --target tests/fixtures/gemma-4-12b.config.json \
+  --out "$OUT/shapes-gemma4.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes-gemma4.txt"
 timeout 60 $PY benchmarks/hybrid_rollback.py --device cuda --shape 9b \
   --out "$OUT/hybrid-rollback.json" 2>&1 | tee "$OUT/hybrid-rollback.txt"
 echo "results in $OUT"

@@ -160,6 +160,76 @@ def save_tiny_qwen3_5(path: Path, seed: int = 0, *, layers: int = 6, **text_over
     return model
 
 
+GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+
+
+def save_tiny_gemma4(path: Path, seed: int = 0, *, unified: bool = False, **text_overrides):
+    """A random tiny Gemma 4 saved as published: the multimodal
+    `Gemma4ForConditionalGeneration` (vision and audio towers included, text under
+    `model.language_model.`), or with `unified` the `Gemma4UnifiedForConditionalGeneration`
+    google/gemma-4-12B-it is published as (vision and audio embedders, no towers), plus the
+    tiny tokenizer. Six layers, sliding and global mixed (head dims 16 and 32), a sliding
+    window of 4 (verify blocks cross it), no per-layer embeddings, final logit softcapping
+    at 10 (it bites on these logits). Untied by default (the published models tie:
+    `tie_word_embeddings=True`; a random tied model mostly repeats its last token). Every
+    norm weight and layer scalar is perturbed so a missing one shows. Returns the model."""
+    import transformers
+
+    text = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,  # global layers' KV heads under attention_k_eq_v
+        layer_types=GEMMA4_TYPES,
+        sliding_window=4,
+        max_position_embeddings=512,
+        hidden_size_per_layer_input=0,  # no per-layer embeddings (the 12B's setting)
+        final_logit_softcapping=10.0,
+        eos_token_id=2,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        initializer_range=0.2,  # peaked logits: greedy ties would make tests flaky
+    )
+    text.update(text_overrides)
+    if len(text["layer_types"]) != text["num_hidden_layers"]:
+        n = text["num_hidden_layers"]
+        text["layer_types"] = (GEMMA4_TYPES * n)[:n]
+    tie = text["tie_word_embeddings"]
+    if unified:  # vision and audio embedders only
+        kind = "Gemma4Unified"
+        vision = dict(mm_embed_dim=32, mm_posemb_size=16, patch_size=4, pooling_kernel_size=2)
+        audio = dict(audio_embed_dim=16)
+    else:
+        kind = "Gemma4"
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=4,
+                      position_embedding_size=16, pooling_kernel_size=2)  # fmt: skip
+        audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     subsampling_conv_channels=[8, 4], output_proj_dims=32,
+                     conv_kernel_size=3)  # fmt: skip
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=tie
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(config).eval()
+    with torch.no_grad():
+        for name, weight in model.model.language_model.named_parameters():
+            if "norm" in name:  # ones at init: a norm read as 1 + w, or not at all, shows
+                weight.normal_(1.0, 0.1)
+        for name, buffer in model.model.language_model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """One saved tiny checkpoint per family (read-only: copy before corrupting)."""
@@ -423,6 +493,14 @@ def tiny_qwen3_5(tmp_path_factory) -> Path:
     """A 6-layer tiny Qwen3.5 (layers 3 full attention, the rest Gated DeltaNet)."""
     path = tmp_path_factory.mktemp("tiny-qwen3_5")
     save_tiny_qwen3_5(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory) -> Path:
+    """A 6-layer tiny Gemma 4 (layers 2 and 5 global, the rest sliding, window 4)."""
+    path = tmp_path_factory.mktemp("tiny-gemma4")
+    save_tiny_gemma4(path, seed=3)
     return path
 
 

@@ -17,6 +17,7 @@ from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
 from specgen.cli import app
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import ModelNotFoundError, PromptError, SpecgenError
+from specgen.hf_configs import model_args
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
 
@@ -251,9 +252,8 @@ def test_cli_bench_bad_input_is_one_line(tiny_llama, tmp_path):
 
 def test_roofline_arithmetic():
     from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
-    from specgen.config import ModelArgs
 
-    args = ModelArgs.from_hf(json.loads((FIXTURES / "qwen3-8b.config.json").read_text()))
+    args = model_args(json.loads((FIXTURES / "qwen3-8b.config.json").read_text()))
     params = 8_190_735_360 * 2  # Qwen3-8B in bf16
     emb = args.vocab_size * args.hidden_size * 2
     got = bytes_per_step(args, params, 2, context=1000)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specgen.config import ModelArgs, SamplingParams
+from specgen.config import SamplingParams
 from specgen.errors import CheckpointError, SpecgenError
+from specgen.hf_configs import model_args
 
 # Real config.json files of the Qwen3 targets and the public drafters (see README there).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -41,7 +42,7 @@ QWEN3_4B = {
 
 
 def test_qwen3_4b_config():
-    args = ModelArgs.from_hf(QWEN3_4B)
+    args = model_args(QWEN3_4B)
     assert args.family == "qwen3" and args.qk_norm and not args.qkv_bias
     assert (args.num_layers, args.num_heads, args.num_kv_heads, args.head_dim) == (36, 32, 8, 128)
     assert args.rope.theta == 1e6 and args.rope.kind == "default"
@@ -50,7 +51,7 @@ def test_qwen3_4b_config():
 
 @pytest.mark.parametrize("name", ["qwen3-4b.config.json", "qwen3-8b.config.json"])
 def test_shared_fixture_configs_load(name):
-    args = ModelArgs.from_hf(_fixture(name))
+    args = model_args(_fixture(name))
     assert args.family == "qwen3" and args.num_layers == 36
 
 
@@ -58,7 +59,7 @@ def test_transformers5_rope_parameters_and_qwen2_bias():
     cfg = {**QWEN3_4B, "model_type": "qwen2", "rope_theta": None}
     cfg.pop("head_dim")
     cfg["rope_parameters"] = {"rope_theta": 5e5, "rope_type": "default"}
-    args = ModelArgs.from_hf(cfg)
+    args = model_args(cfg)
     assert args.qkv_bias and not args.o_bias and not args.qk_norm
     assert args.head_dim == 2560 // 32 and args.rope.theta == 5e5
 
@@ -72,7 +73,7 @@ def test_llama3_rope_scaling_is_read():
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
-    rope = ModelArgs.from_hf(cfg).rope
+    rope = model_args(cfg).rope
     assert rope.kind == "llama3" and rope.factor == 8.0
 
 
@@ -88,14 +89,14 @@ def test_llama3_rope_scaling_is_read():
 )
 def test_unsupported_configs_are_refused(change, message):
     with pytest.raises(CheckpointError, match=message):
-        ModelArgs.from_hf({**QWEN3_4B, **change}, name="m")
+        model_args({**QWEN3_4B, **change}, name="m")
 
 
 def test_missing_field_is_named():
     cfg = dict(QWEN3_4B)
     del cfg["vocab_size"]
     with pytest.raises(CheckpointError, match="vocab_size"):
-        ModelArgs.from_hf(cfg)
+        model_args(cfg)
 
 
 @pytest.mark.parametrize(

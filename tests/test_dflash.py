@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
-from specgen.config import ModelArgs, SamplingParams, SpecConfig
+from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import CheckpointError, SpecgenError
+from specgen.hf_configs import model_args
 from specgen.models.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
 from specgen.models.dflash_reference import reference_block_hidden
 from specgen.models.loading import load_target
@@ -27,13 +28,13 @@ def test_real_zlab_configs_parse_without_edits(size):
     assert args.target_layer_ids == (1, 9, 17, 25, 33) and args.num_target_layers == 36
     assert args.layers.num_layers == 5 and args.layers.qk_norm
     assert args.windows == (None,) * 5
-    target = ModelArgs.from_hf(_json(f"qwen3-{size}.config.json"))
+    target = model_args(_json(f"qwen3-{size}.config.json"))
     check_pair(args, target, f"z-lab/Qwen3-{size}-DFlash-b16", f"qwen3-{size}")
 
 
 def test_mismatched_pair_names_both_models():
     drafter = DFlashArgs.from_hf(_json("dflash-qwen3-4b-b16.config.json"), name="d")
-    target = ModelArgs.from_hf(_json("qwen3-8b.config.json"))
+    target = model_args(_json("qwen3-8b.config.json"))
     with pytest.raises(
         CheckpointError, match=r"drafter D4 does not fit target T8: hidden size 2560 vs 4096"
     ):

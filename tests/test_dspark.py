@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
-from specgen.config import ModelArgs, SamplingParams, SpecConfig
+from specgen.config import SamplingParams, SpecConfig
 from specgen.drafting.dspark import markov_draw
 from specgen.drafting.vocab import save_draft_vocab
 from specgen.errors import CheckpointError, SpecgenError
+from specgen.hf_configs import model_args
 from specgen.models.dflash import check_pair
 from specgen.models.dflash_reference import reference_block_hidden
 from specgen.models.dspark import DSparkArgs, load_dspark
@@ -46,9 +47,9 @@ def test_real_deepspec_config_parses_without_edits():
     b = args.backbone
     assert b.block_size == 7 and b.mask_token_id == 151669 and b.num_target_layers == 36
     assert b.target_layer_ids == (1, 9, 17, 25, 33) and b.layers.rope.theta == 1e6
-    check_pair(b, ModelArgs.from_hf(_json("qwen3-4b.config.json")), "dspark-4b", "qwen3-4b")
+    check_pair(b, model_args(_json("qwen3-4b.config.json")), "dspark-4b", "qwen3-4b")
     with pytest.raises(CheckpointError, match="hidden size 2560 vs 4096"):
-        check_pair(b, ModelArgs.from_hf(_json("qwen3-8b.config.json")), "dspark-4b", "qwen3-8b")
+        check_pair(b, model_args(_json("qwen3-8b.config.json")), "dspark-4b", "qwen3-8b")
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_VOCAB, save_tiny_qwen3_5
-from specgen.config import FULL, LINEAR, ModelArgs
+from specgen.config import FULL, LINEAR
 from specgen.errors import CheckpointError
+from specgen.hf_configs import model_args
 from specgen.models import loading
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
@@ -133,7 +134,7 @@ def test_half_precision_tracks_transformers(tmp_path):
 )  # fmt: skip
 def test_published_configs_parse_and_build(size, hidden, layers, value_heads, billions):
     cfg = json.loads((FIXTURES / f"qwen3.5-{size}.config.json").read_text())
-    args = ModelArgs.from_hf(cfg, name=f"Qwen3.5-{size}")
+    args = model_args(cfg, name=f"Qwen3.5-{size}")
     assert (args.hidden_size, args.num_layers, args.vocab_size) == (hidden, layers, 248320)
     assert (
         args.hybrid.value_heads == value_heads
@@ -154,7 +155,7 @@ def test_moe_variants_are_refused_in_one_line():
     }
     for config in (moe, {**cfg, "text_config": {**cfg["text_config"], "num_experts": 256}}):
         with pytest.raises(CheckpointError, match="mixture-of-experts targets are not supported"):
-            ModelArgs.from_hf(config, name="Qwen3.5-35B-A3B")
+            model_args(config, name="Qwen3.5-35B-A3B")
 
 
 @pytest.mark.parametrize(
@@ -184,4 +185,4 @@ def test_bad_layer_types_are_refused(pair, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["text_config"]["layer_types"] = ["linear_attention", "mamba"] * 3
     with pytest.raises(CheckpointError, match="layer_types must give"):
-        ModelArgs.from_hf(cfg, name="x")
+        model_args(cfg, name="x")

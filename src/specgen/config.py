@@ -1,17 +1,14 @@
 """Frozen configuration dataclasses: one per concern.
 
-`ModelArgs.from_hf` reads a Hugging Face `config.json` of the Llama, Qwen2, Qwen3 and
-Qwen3.5 (hybrid) families into the few numbers our decoder needs; unknown keys are ignored,
-unsupported features (sliding windows, exotic RoPE scaling, mixture-of-experts layers) are
-refused with a clear message rather than silently computed wrong.
+`ModelArgs` is the few numbers our decoder needs; `hf_configs.model_args` reads them from a
+Hugging Face `config.json` of the Llama, Qwen2, Qwen3, Qwen3.5 (hybrid) and Gemma 4 families.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
-from specgen.errors import CheckpointError, SpecgenError
+from specgen.errors import SpecgenError
 
 # model_type -> family. The family decides which projections carry biases and whether the
 # attention has per-head q/k RMSNorm; everything else is read from the config itself.
@@ -21,10 +18,15 @@ FAMILIES = {
     "qwen3": "qwen3",
     "qwen3_5": "qwen3_5",  # the multimodal checkpoint: text fields in `text_config`
     "qwen3_5_text": "qwen3_5",
+    "gemma4": "gemma4",  # the multimodal checkpoints: text fields in `text_config`
+    "gemma4_text": "gemma4",
+    "gemma4_unified": "gemma4",  # google/gemma-4-12B-it: vision/audio embedders, no towers
+    "gemma4_unified_text": "gemma4",
 }
 # Hybrid families whose mixture-of-experts variants specgen does not run (no expert layers).
 MOE_TYPES = {"qwen3_5_moe": "Qwen3.5", "qwen3_5_moe_text": "Qwen3.5", "qwen3_next": "Qwen3-Next"}
 LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's `layer_types`
+SLIDING = "sliding_attention"  # Gemma 4's other layer type
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 
@@ -39,6 +41,9 @@ class RopeArgs:
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
     original_max_positions: int = 8192  # llama3 only
+    # proportional (Gemma 4's global layers): the share of a head's frequencies that turn;
+    # the rest have frequency 0 (they pass through), all spaced as over the whole head
+    partial: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,35 @@ class HybridArgs:
 
 
 @dataclass(frozen=True)
+class GemmaArgs:
+    """Gemma 4's attention layers, each with its own shape: sliding-window layers and global
+    (full) ones differ in head dim, KV heads and RoPE; the last `num_kv_shared_layers`
+    layers attend over an earlier layer's keys and values instead of their own."""
+
+    layer_types: tuple[str, ...]  # per layer: SLIDING or FULL
+    sliding_window: int  # a sliding layer's query q sees keys k with q - window < k <= q
+    head_dims: tuple[int, ...]  # per layer
+    kv_heads: tuple[int, ...]  # per layer
+    sliding_rope: RopeArgs
+    global_rope: RopeArgs  # usually proportional (partial rotary over the whole head)
+    kv_source: tuple[int, ...]  # per layer: whose K/V it reads (itself unless shared)
+    intermediate_sizes: tuple[int, ...]  # per layer (double-wide MLP on KV-shared layers)
+    k_eq_v: bool = False  # global layers: no v_proj, values from the key projection
+    approximate: str = "tanh"  # the MLP's GELU: "tanh" (gelu_pytorch_tanh) or "none"
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+    def rope(self, layer: int) -> RopeArgs:
+        return self.sliding_rope if self.layer_types[layer] == SLIDING else self.global_rope
+
+    def shares_kv(self, layer: int) -> bool:
+        return self.kv_source[layer] != layer
+
+
+@dataclass(frozen=True)
 class ModelArgs:
-    """The shape of a target decoder (Llama, Qwen2, Qwen3 or Qwen3.5 family)."""
+    """The shape of a target decoder (Llama, Qwen2, Qwen3, Qwen3.5 or Gemma 4 family)."""
 
     family: str
     vocab_size: int
@@ -89,157 +121,15 @@ class ModelArgs:
     attn_output_gate: bool = False
     rotary_dim: int | None = None  # None: the whole head
     norm_offset: bool = False
+    # Gemma 4: per-layer attention shapes (the fields above give its sliding layers'),
+    # embeddings scaled by sqrt(hidden), logits capped as tanh(x / c) * c
+    gemma: GemmaArgs | None = None
+    embed_scale: float | None = None
+    logit_softcap: float | None = None
 
     @property
     def rope_dim(self) -> int:
         return self.rotary_dim or self.head_dim
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any], *, name: str = "model") -> ModelArgs:
-        """Build from a parsed HF config.json; `name` is only used in error messages."""
-        model_type = cfg.get("model_type")
-        if model_type in MOE_TYPES or cfg.get("num_experts"):
-            family_name = MOE_TYPES.get(str(model_type), str(model_type))
-            raise CheckpointError(
-                f"{name}: {family_name} mixture-of-experts targets are not supported (specgen "
-                "has no expert layers); the dense models run (e.g. qwen3.5-4b, -9b, -27b)"
-            )
-        family = FAMILIES.get(str(model_type))
-        if family == "qwen3_5":
-            return _qwen3_5_from_hf(cfg, name)
-        if family is None:
-            arch = ", ".join(cfg.get("architectures") or []) or "unknown architecture"
-            raise CheckpointError(
-                f"{name}: unsupported architecture {model_type!r} ({arch}); "
-                f"specgen runs the {', '.join(sorted(FAMILIES))} families"
-            )
-        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-            raise CheckpointError(f"{name}: sliding-window attention targets are not supported")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{name}: unsupported activation {cfg.get('hidden_act')!r}")
-        try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            attention_bias = bool(cfg.get("attention_bias", False))
-            return cls(
-                family=family,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                max_positions=int(cfg.get("max_position_embeddings", 4096)),
-                rope=_rope_from_hf(cfg, name),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                # Qwen2 always biases q/k/v (never o); Llama and Qwen3 follow attention_bias.
-                qkv_bias=True if family == "qwen2" else attention_bias,
-                o_bias=False if family == "qwen2" else attention_bias,
-                mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=family == "qwen3",
-                eos_token_ids=_ids(cfg.get("eos_token_id")),
-                bos_token_id=cfg.get("bos_token_id"),
-            )
-        except KeyError as e:
-            raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
-
-
-def _qwen3_5_from_hf(cfg: dict[str, Any], name: str) -> ModelArgs:
-    """Qwen3.5's text backbone: from `text_config` of the multimodal checkpoint (the vision
-    tower is never read), or from a text-only config."""
-    text = cfg.get("text_config") or cfg
-    if not isinstance(text, dict):
-        raise CheckpointError(f"{name}: config.json has a malformed text_config")
-    if text.get("num_experts"):
-        return ModelArgs.from_hf({**text, "model_type": "qwen3_5_moe"}, name=name)
-    try:
-        layers = int(text["num_hidden_layers"])
-        types = tuple(text.get("layer_types") or _default_layer_types(text, layers))
-        if len(types) != layers or set(types) - {LINEAR, FULL}:
-            raise CheckpointError(
-                f"{name}: layer_types must give {LINEAR!r} or {FULL!r} for each of the "
-                f"{layers} layers (got {list(types)})"
-            )
-        hybrid = HybridArgs(
-            layer_types=types,
-            conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
-            key_heads=int(text.get("linear_num_key_heads", 16)),
-            value_heads=int(text.get("linear_num_value_heads", 32)),
-            key_dim=int(text.get("linear_key_head_dim", 128)),
-            value_dim=int(text.get("linear_value_head_dim", 128)),
-        )
-        if hybrid.value_heads % hybrid.key_heads:
-            raise CheckpointError(
-                f"{name}: linear_num_value_heads {hybrid.value_heads} is not a multiple of "
-                f"linear_num_key_heads {hybrid.key_heads}"
-            )
-        params = text.get("rope_parameters") or {}
-        partial = float(
-            params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-        )
-        base = {**text, "model_type": "qwen3", "rope_parameters": params}
-        base.setdefault("head_dim", 256)
-        base.setdefault("rope_theta", params.get("rope_theta", 10000.0))
-        # the multimodal wrapper decides tying at the top, a text-only config in its own fields
-        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        args = ModelArgs.from_hf({**base, "tie_word_embeddings": tie}, name=name)
-    except KeyError as e:
-        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
-    rotary = int(args.head_dim * partial)
-    if rotary % 2 or not 0 < rotary <= args.head_dim:
-        raise CheckpointError(
-            f"{name}: partial_rotary_factor {partial} gives no usable rotary size"
-        )
-    eos = args.eos_token_ids or _ids(cfg.get("eos_token_id"))
-    return replace(
-        args,
-        family="qwen3_5",
-        hybrid=hybrid,
-        attn_output_gate=bool(text.get("attn_output_gate", True)),
-        rotary_dim=rotary,
-        norm_offset=True,
-        eos_token_ids=eos,
-    )
-
-
-def _default_layer_types(text: dict[str, Any], layers: int) -> list[str]:
-    """transformers' default: every `full_attention_interval`-th layer is full attention."""
-    interval = int(text.get("full_attention_interval", 4))
-    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
-
-def _rope_from_hf(cfg: dict[str, Any], name: str) -> RopeArgs:
-    # transformers 5 writes `rope_parameters` (theta inside); older configs have
-    # `rope_theta` at the top and `rope_scaling` for the scaling variant.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    merged = {**scaling, **params}
-    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-    if kind not in SUPPORTED_ROPE:
-        raise CheckpointError(f"{name}: unsupported RoPE scaling {kind!r}")
-    return RopeArgs(
-        theta=float(theta),
-        kind=kind,
-        factor=float(merged.get("factor", 1.0)),
-        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        original_max_positions=int(merged.get("original_max_position_embeddings", 8192)),
-    )
 
 
 @dataclass(frozen=True)

@@ -130,10 +130,22 @@ def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin
     return shlex.join(argv)
 
 
+def _gemma(target: str) -> bool:
+    """A Gemma 4 target: by its repo name, or a local directory's config."""
+    return "gemma-4" in target.lower() or str(_local_model_type(target)).startswith("gemma4")
+
+
 def notes(engine: str, serve: ServeTarget) -> list[str]:
     """What the user should know about running it."""
     out = []
-    if serve.thinking is False:
+    gemma = _gemma(serve.target)
+    if serve.thinking is False and gemma:
+        out.append(
+            "the Gemma 4 drafters were trained on non-thinking answers (DeepSpec's; z-lab's "
+            'card says nothing): send "chat_template_kwargs": {"enable_thinking": false} or '
+            "leave it out (the template's default)"
+        )
+    elif serve.thinking is False:
         out.append(
             "the public Qwen3 drafters were trained without thinking: send "
             '"chat_template_kwargs": {"enable_thinking": false} with each request'
@@ -148,6 +160,13 @@ def notes(engine: str, serve: ServeTarget) -> list[str]:
             "z-lab's sliding-window drafters (27B) need a vLLM with interleaved-SWA drafters "
             "(z-lab's README names the build)"
         )
+    if gemma and engine == "vllm" and serve.method == "dflash":
+        out.append(
+            "z-lab's Gemma 4 drafters need a vLLM with DFlash for Gemma 4 targets "
+            "(vLLM PR #41703 when this was written)"
+        )
+    if gemma and engine == "sglang" and serve.method == "dspark":
+        out.append("SGLang's DSpark support for DeepSpec's Gemma 4 drafters is unconfirmed")
     if engine == "vllm" and serve.method == "dspark":
         out.append(
             "enable_adaptive_verification needs full CUDA-graph mode; drop it to verify every draft"

@@ -4,6 +4,9 @@ Each alias names a target repo on the Hugging Face Hub and, per method, the draf
 that was trained for it (`specgen:NAME`: a drafter specgen trained, shipped in the package
 under `specgen/drafters/NAME`). Repo names were checked against public code that loads them
 (vLLM/SGLang tests, DeepSpec's release table, z-lab's README); see README "Models".
+`stacked` mounts an entry's `dflash` and `dspark` drafters together (drafting/stacked.py);
+DeepSpec's plain DFlash checkpoints (e.g. `deepseek-ai/dflash_gemma4_12b_block7`) are its
+DSpark class without heads and run with `--drafter` (their config names the class).
 """
 
 from __future__ import annotations
@@ -80,6 +83,19 @@ MODELS: dict[str, ModelEntry] = {
                 hybrid=True,
             )
             for size in ("4B", "9B", "27B")
+        ),
+        # DeepSpec trained its Gemma 4 drafters on answers the target regenerated in
+        # non-thinking mode (its eval renders prompts with enable_thinking=False, which is
+        # also the Gemma 4 template's default); z-lab's card says nothing either way
+        ModelEntry(
+            alias="gemma-4-12b",
+            repo="google/gemma-4-12B-it",
+            description="Gemma 4 12B (sliding-window + global attention)",
+            drafters={
+                "dflash": "z-lab/gemma4-12B-it-DFlash",  # sic: no hyphen in "gemma4"
+                "dspark": "deepseek-ai/dspark_gemma4_12b_block7",
+            },
+            thinking=False,
         ),
         ModelEntry(
             alias="llama3.1-8b",

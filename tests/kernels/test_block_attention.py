@@ -73,3 +73,28 @@ def test_a_sliding_window_is_the_drafters_window_mask():
     want = attention(q, k[:, :, :40], v[:, :, :40], _window_mask(5, 34, 6, "cpu"), False)
     got = block_attention_torch(q, k, v, length, False, window=5)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_kernel_takes_a_score_scale(window):
+    """Gemma 4 attends with scale 1 (its q/k norms keep the scores tame)."""
+    from specgen.kernels.block_attention import block_attention_masked, block_attention_triton
+
+    q, k, v, length = _case(1, 8, 2, 5, 600, 555, 32, torch.float32, seed=3)
+    want = block_attention_torch(q / 4, k, v, length, True, window, scale=1.0)
+    got = block_attention_triton(q / 4, k, v, length, True, window, scale=1.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    k, v = k.nan_to_num(0.0), v.nan_to_num(0.0)  # the masked form weighs these by 0
+    masked = block_attention_masked(q / 4, k, v, length, True, window, scale=1.0)
+    torch.testing.assert_close(masked, want, rtol=1e-4, atol=1e-4)
+
+
+def test_chunks_before_the_window_are_never_read():
+    """Keys [0, 256) lie before every query's window: the kernel skips their chunk (NaN there
+    would otherwise poison the sums, as 0 * NaN does)."""
+    from specgen.kernels.block_attention import block_attention_triton
+
+    q, k, v, length = _case(1, 8, 2, 5, 600, 555, 32, torch.float32, seed=4)
+    want = block_attention_torch(q, k, v, length, True, 40)
+    k[:, :, :256], v[:, :, :256] = float("nan"), float("nan")
+    torch.testing.assert_close(block_attention_triton(q, k, v, length, True, 40), want)

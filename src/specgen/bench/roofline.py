@@ -37,12 +37,19 @@ def peak_bandwidth(device_name: str) -> float | None:
 def bytes_per_step(args: ModelArgs, parameter_bytes: int, element_size: int, context: int) -> int:
     """Bytes one decoding step reads: the weights (the embedding table as one row unless
     it is also the LM head) plus K and V of `context` cached tokens in the attention
-    layers, and a hybrid model's recurrent states (fp32; read, and written back once)."""
+    layers (of a sliding-window layer's window), and a hybrid model's recurrent states
+    (fp32; read, and written back once)."""
     embedding = args.vocab_size * args.hidden_size * element_size
     weights = parameter_bytes - (0 if args.tie_word_embeddings else embedding)
-    hy = args.hybrid
+    hy, g = args.hybrid, args.gemma
     attention = args.num_layers if hy is None else args.num_layers - hy.layer_types.count(LINEAR)
     kv = 2 * attention * args.num_kv_heads * args.head_dim * element_size * context
+    if g is not None:  # per layer: its shape, and a sliding layer reads its window only
+        kv = sum(
+            2 * g.kv_heads[i] * g.head_dims[i] * element_size
+            * min(context, g.window(i) or context)
+            for i in range(args.num_layers)
+        )  # fmt: skip
     states = 0
     if hy is not None:
         per_state = hy.value_heads * hy.key_dim * hy.value_dim * 4

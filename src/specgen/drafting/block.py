@@ -149,7 +149,7 @@ class BlockDrafter(ResidentDrafter):
 
     def _block(self, anchor: int) -> torch.Tensor:  # [1, B, H]: [anchor, MASK x (B-1)]
         ids = torch.tensor([[anchor, *self._masks]], device=self.target.device)
-        return self.target.embed_tokens(ids)
+        return self.backbone.embed_block(self.target, ids)
 
     def _static_step(self, finish, capture: bool) -> StaticBlockDraft:
         return StaticBlockDraft(

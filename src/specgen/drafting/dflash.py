@@ -67,10 +67,10 @@ class DFlashDrafter(BlockDrafter):
 
     def _draft(self, hidden: torch.Tensor) -> Draft:
         """Greedy tokens from the block's hidden states (slot j predicts anchor + j)."""
-        vocab = self.vocab
+        vocab, net = self.vocab, self.net
         if vocab is None:
-            return Draft(tokens=self.target.head(hidden).argmax(dim=-1))
-        return Draft(tokens=vocab.ids[vocab.logits(hidden).argmax(dim=-1)])
+            return Draft(tokens=net.head(self.target, hidden).argmax(dim=-1))
+        return Draft(tokens=vocab.ids[net.logits(vocab.logits(hidden)).argmax(dim=-1)])
 
     @torch.inference_mode()
     def propose(

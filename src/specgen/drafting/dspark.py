@@ -146,7 +146,7 @@ def _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise) ->
 
 @register("dspark")
 class DSparkMethod(BlockMethod):
-    architectures = ("Qwen3DSparkModel",)
+    architectures = ("Qwen3DSparkModel", "Gemma4DSparkModel")
     label = "DSpark"
 
     def __init__(
@@ -217,9 +217,12 @@ class DSparkDrafter(BlockDrafter):
         noise: torch.Tensor | None,  # the races of a sampled draw (`race_noise`)
     ) -> Draft:
         """The first k slots' draft: their head logits, then the Markov draw."""
-        first, vocab = self.net.args.first_slot, self.method.vocab
+        first, vocab, backbone = self.net.args.first_slot, self.method.vocab, self.backbone
         slots = hidden[0, first : first + k]
-        base = self.target.head(slots) if vocab is None else vocab.logits(slots)
+        if vocab is None:
+            base = backbone.head(self.target, slots)
+        else:
+            base = backbone.logits(vocab.logits(slots))
         return markov_draw(
             self.net, base, slots, anchor, params, None, self.method.calibration, vocab, noise
         )

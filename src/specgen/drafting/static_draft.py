@@ -61,7 +61,7 @@ class StaticBlockDraft:
         )
 
     def _block_hidden(self) -> torch.Tensor:
-        block = self._target.embed_tokens(self.ids)
+        block = self._backbone.embed_block(self._target, self.ids)
         return self._backbone.block_hidden_static(self._cache, block, self.start)
 
     def _place(self, anchor: int | torch.Tensor, start: int | torch.Tensor) -> None:

@@ -26,14 +26,16 @@ def attention(
     v: torch.Tensor,  # [B, n_kv, L, d]
     mask: torch.Tensor | None,  # [T, L] bool, True = may attend
     causal: bool,
+    scale: float | None = None,  # of the scores; None: 1/sqrt(d) (Gemma 4: 1, q/k are normed)
 ) -> torch.Tensor:  # [B, n_q, T, d]
     if q.device.type == "cpu" and q.dtype != torch.float32:
         out = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True
-        )
+            q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True,
+            scale=scale,
+        )  # fmt: skip
         return out.to(q.dtype)
     backends = sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext()
     with backends:
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=scale
         )

@@ -9,8 +9,10 @@ so a captured CUDA graph can replay the op for any length without a host sync. T
             (the target's decode and verify steps);
     block:  every query sees every valid key (a DFlash/DSpark drafter block: the context
             before the anchor plus its own block, bidirectionally).
-A `window` (a drafter's sliding-window layer) further limits each query to the keys less
-than `window` positions away from it, on either side.
+A `window` (a sliding-window layer: a drafter's, or Gemma 4's) further limits each query
+to the keys less than `window` positions away from it, on either side; with `causal` that
+is q - window < k <= q, transformers' sliding window. Chunks wholly before every query's
+window are skipped. `scale` multiplies the scores (default 1/sqrt(d); Gemma 4: 1).
 
 Flash-decoding: the key range is split into chunks of `CHUNK` positions, one program per
 (batch, kv head, chunk) handling all the query heads of that kv group and all T queries at
@@ -37,6 +39,7 @@ def block_attention_torch(
     length: torch.Tensor,  # [1] int32: valid positions, the block's own keys included
     causal: bool,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:  # [B, nq, T, d]
     n = int(length.item())
     t = q.shape[2]
@@ -51,7 +54,9 @@ def block_attention_torch(
     groups = q.shape[1] // k.shape[1]
     keys = keys.float().repeat_interleave(groups, dim=1)
     values = values.float().repeat_interleave(groups, dim=1)
-    scores = scores_q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = (
+        scores_q @ keys.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    )
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return (scores.softmax(-1) @ values).to(q.dtype)
@@ -64,6 +69,7 @@ def block_attention_masked(
     length: torch.Tensor,  # [1] int32
     causal: bool,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:  # [B, nq, T, d]
     """The same op in torch with no host sync (unlike the reference): it attends over the
     whole capacity with a mask built on the device, so it can be captured in a CUDA graph.
@@ -78,7 +84,7 @@ def block_attention_masked(
     if window is not None:
         queries = length.long() - t + torch.arange(t, device=q.device)
         mask = mask & _near(queries, capacity, window)
-    return attention(q, k, v, mask, causal=False)
+    return attention(q, k, v, mask, causal=False, scale=scale)
 
 
 def _near(queries: torch.Tensor, keys: int, window: int) -> torch.Tensor:  # [T, keys]
@@ -87,13 +93,15 @@ def _near(queries: torch.Tensor, keys: int, window: int) -> torch.Tensor:  # [T,
     return offsets.abs() < window
 
 
-def block_attention(q, k, v, length, causal, window: int | None = None) -> torch.Tensor:
+def block_attention(
+    q, k, v, length, causal, window: int | None = None, scale: float | None = None
+) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA with the Triton backend, else the masked torch
     form (both read `length` from device memory)."""
     d = q.shape[-1]
     if q.is_cuda and backend() == "triton" and d >= 16 and d & (d - 1) == 0:
-        return block_attention_triton(q, k, v, length, causal, window)
-    return block_attention_masked(q, k, v, length, causal, window)
+        return block_attention_triton(q, k, v, length, causal, window, scale)
+    return block_attention_masked(q, k, v, length, causal, window, scale)
 
 
 if triton_available():
@@ -151,7 +159,10 @@ if triton_available():
         acc = tl.zeros([BLOCK_R, D], tl.float32)
         start = split * CHUNK_
         qpos = n - T + t
-        if start < n:
+        work = start < n
+        if HAS_WINDOW:  # a chunk before the first query's window (it sits at n - T): none
+            work = work & (start + CHUNK_ > n - T - WINDOW + 1)
+        if work:
             for k0 in range(start, start + CHUNK_, BLOCK_N):
                 cols = k0 + tl.arange(0, BLOCK_N)
                 kmask = cols < n
@@ -229,7 +240,7 @@ if triton_available():
         dest = ((b * NQ + kvh * G + g) * T + t)[:, None] * D + dcol[None, :]
         tl.store(o_ptr + dest, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
-    def block_attention_triton(q, k, v, length, causal, window=None):
+    def block_attention_triton(q, k, v, length, causal, window=None, scale=None):
         bsz, nq, t, d = q.shape
         nkv, cap = k.shape[1], k.shape[2]
         g = nq // nkv
@@ -242,8 +253,9 @@ if triton_available():
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         # Triton's CPU interpreter has no working bf16/fp16 dot: there everything is fp32
         upcast = q.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+        scale = 1.0 / math.sqrt(d) if scale is None else scale
         _partial_kernel[(bsz * nkv, nsplit)](
-            q, k, v, length, m, lsum, acc, nq, nkv, t, cap, 1.0 / math.sqrt(d),
+            q, k, v, length, m, lsum, acc, nq, nkv, t, cap, scale,
             window or 0, CAUSAL=causal, HAS_WINDOW=window is not None, G=g, BLOCK_R=block_r,
             D=d, CHUNK_=CHUNK, BLOCK_N=64, PRECISION="ieee" if upcast else "tf32",
             UPCAST=upcast,

@@ -17,8 +17,9 @@ def new_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Para
 
 def norm_weight(args: ModelArgs, dtype: torch.dtype, device: torch.device):
     """RMSNorm weights: zero-centred ones (Qwen3.5: the scale 1 + w, added at load time)
-    are kept in fp32, so the norm scales in fp32 before rounding, as transformers does."""
-    dtype = torch.float32 if args.norm_offset else dtype
+    and Gemma 4's are kept in fp32, so the norm scales in fp32 before rounding, as
+    transformers does for these families."""
+    dtype = torch.float32 if args.norm_offset or args.gemma is not None else dtype
     return lambda n: new_weight(n, dtype=dtype, device=device)
 
 

@@ -11,6 +11,12 @@ A few Qwen3-style layers (q/k RMSNorm) whose keys and values come from two place
   are written after the context but never committed, so they vanish after the pass.
 The final `norm` output goes through the target's LM head (the checkpoint has neither an
 embedding nor a head). Slot k of the block predicts the token at anchor_pos + k.
+As z-lab's reference does, the block embeds with the target's raw embedding table times the
+config's `input_embedding_scale`, and the drafter's logits are the raw head's times
+`output_multiplier`, then soft-capped by its `final_logit_softcapping` (its Gemma 4
+drafters; all three read from `dflash_config` first, then the top level). DeepSpec's Gemma 4
+drafters (models/gemma4_draft.py) put Gemma layers in the same frame, with Gemma's sqrt(H)
+embedding scale and their config's final soft-cap.
 Layers marked `sliding_attention` see only the block slots up to their own (unless the
 config's `is_causal` says otherwise) and, under `use_sliding_window`, only keys within
 `sliding_window` positions: z-lab's reference (PyPI `dflash`) reads its configs so.
@@ -18,17 +24,28 @@ config's `is_causal` says otherwise) and, under `use_sliding_window`, only keys 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
+from specgen.hf_configs import model_args
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.gemma4_draft import (
+    GemmaDraftArgs,
+    GemmaDraftLayer,
+    gemma_layer_plan,
+    gemma_layers_from_hf,
+    gemma_shape,
+    is_gemma_draft,
+)
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, layer_plan, shape_for
@@ -59,13 +76,22 @@ class DFlashArgs:
     # sliding-window layers are causal, full ones not, unless the config's `is_causal` says
     causal: tuple[bool, ...] = ()
     is_causal: bool | None = None  # the config's field, as given (written back by training)
+    gemma: GemmaDraftArgs | None = None  # Gemma draft layers (DeepSpec's Gemma 4 drafters)
+    embed_scale: float = 1.0  # the block's embedding: the target's raw table times this,
+    embed_scale_rounded: bool = False  # the factor rounded to the model dtype first (Gemma)
+    logit_scale: float = 1.0  # the drafter's logits: raw head logits times this,
+    softcap: float | None = None  # then c * tanh(logits / c)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], *, name: str) -> DFlashArgs:
         nested = cfg.get("dflash_config") or {}
-        # the drafter's sliding windows are per layer (layer_types), not the target-style flag
-        layers = ModelArgs.from_hf({**cfg, "use_sliding_window": False}, name=name)
-        layers = replace(layers, family="qwen3", qk_norm=True)  # DFlash layers always have them
+        gemma = None
+        if is_gemma_draft(cfg):
+            layers, gemma = gemma_layers_from_hf(cfg, name)
+        else:
+            # the drafter's windows are per layer (layer_types), not the target-style flag
+            layers = model_args({**cfg, "use_sliding_window": False}, name=name)
+            layers = replace(layers, family="qwen3", qk_norm=True)  # DFlash layers have them
         mask = nested.get("mask_token_id", cfg.get("mask_token_id"))
         if mask is None:
             raise CheckpointError(f"{name}: config.json has no dflash_config.mask_token_id")
@@ -101,7 +127,37 @@ class DFlashArgs:
             windows=windows,
             causal=causal,
             is_causal=None if explicit is None else bool(explicit),
+            gemma=gemma,
+            **_scales(cfg, nested, gemma is not None, layers.hidden_size, name),
         )
+
+
+def _scales(
+    cfg: dict[str, Any], nested: dict[str, Any], gemma: bool, hidden: int, name: str
+) -> dict[str, Any]:
+    """The embedding scale and logit transform: z-lab's config scalars (`dflash_config`
+    first, then the top level, as its `_draft_value`), or DeepSpec Gemma's own: the
+    embedding scaled by sqrt(H) (its `Gemma4TextScaledWordEmbedding`, the factor in the
+    weights' dtype) and its config's final soft-cap."""
+
+    def value(key: str, default: Any) -> Any:
+        return nested.get(key, cfg.get(key, default))
+
+    try:
+        softcap = value("final_logit_softcapping", None)
+        softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
+        if gemma:
+            return dict(embed_scale=math.sqrt(hidden), embed_scale_rounded=True, softcap=softcap)
+        scale, multiplier = (
+            float(value("input_embedding_scale", 1.0)),
+            float(value("output_multiplier", 1.0)),
+        )
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{name}: config.json has a malformed scale ({e})") from None
+    for key, x in (("input_embedding_scale", scale), ("output_multiplier", multiplier)):
+        if not (math.isfinite(x) and x > 0):
+            raise CheckpointError(f"{name}: {key} must be a positive number (got {x})")
+    return dict(embed_scale=scale, logit_scale=multiplier, softcap=softcap)
 
 
 def check_pair(
@@ -115,6 +171,8 @@ def check_pair(
     """Refuse a drafter that was not built for this target, naming both (and `extra`
     problems the caller found)."""
     problems = list(extra or [])
+    if args.gemma is not None and not target.family.startswith("gemma"):
+        problems.append(f"its Gemma 4 layers were built for a Gemma 4 target, not {target.family}")
     if args.layers.hidden_size != target.hidden_size:
         problems.append(f"hidden size {args.layers.hidden_size} vs {target.hidden_size}")
     if args.layers.vocab_size != target.vocab_size:
@@ -145,10 +203,17 @@ class DFlashNet(nn.Module):
         self.args = args
         self.dtype = dtype
         w = dict(dtype=dtype, device=device)
+        # Gemma's norms scale in fp32 and round once: their weights stay fp32
+        nw = dict(w, dtype=torch.float32) if args.gemma else w
         self.fc = new_weight(la.hidden_size, len(args.target_layer_ids) * la.hidden_size, **w)
-        self.hidden_norm = new_weight(la.hidden_size, **w)
-        self.norm = new_weight(la.hidden_size, **w)
-        self.layers = nn.ModuleList(DecoderLayer(la, dtype, device) for _ in range(la.num_layers))
+        self.hidden_norm = new_weight(la.hidden_size, **nw)
+        self.norm = new_weight(la.hidden_size, **nw)
+        self.layers = nn.ModuleList(
+            DecoderLayer(la, dtype, device)
+            if args.gemma is None
+            else GemmaDraftLayer(la, args.gemma, i, dtype, device)
+            for i in range(la.num_layers)
+        )
         self._cos = self._sin = torch.empty(0, la.head_dim, dtype=dtype, device=device)
 
     @property
@@ -171,6 +236,32 @@ class DFlashNet(nn.Module):
             dtype=self.dtype,
             device=self.device,
         )
+
+    def embed_block(self, target: Transformer, ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] ids -> [B, T, H]: the target's raw embedding rows times the drafter's
+        scale (z-lab's `input_embedding_scale`; Gemma's sqrt(H), rounded to the dtype)."""
+        x = F.embedding(ids, target.embed)
+        a = self.args
+        if a.embed_scale == 1.0:
+            return x
+        if a.embed_scale_rounded:  # as transformers' Gemma: an fp32 buffer cast to the dtype
+            return x * torch.tensor(a.embed_scale).to(x.device, x.dtype)
+        return x * a.embed_scale
+
+    def logits(self, raw: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V], same dtype
+        """The drafter's logits from the raw head's: times `output_multiplier`, then
+        soft-capped (z-lab's `compute_logits`; DeepSpec Gemma's, which caps alone)."""
+        a = self.args
+        if a.logit_scale == 1.0 and a.softcap is None:
+            return raw
+        z = raw.float() * a.logit_scale
+        if a.softcap is not None:
+            z = torch.tanh(z / a.softcap) * a.softcap
+        return z.to(raw.dtype)
+
+    def head(self, target: Transformer, hidden: torch.Tensor) -> torch.Tensor:  # [.., V]
+        """The drafter's logits through the target's LM head (hidden: after `norm`)."""
+        return self.logits(linear(hidden, target.lm_head, None))
 
     @torch.inference_mode()
     def extend(self, cache: StaticKVCache, features: torch.Tensor) -> None:
@@ -243,12 +334,28 @@ def _window_mask(
 
 
 def backbone_plan(net: DFlashNet) -> Plan:
-    """The checkpoint tensors of the block backbone (z-lab's and DeepSpec's names agree)."""
+    """The checkpoint tensors of the block backbone (z-lab's and DeepSpec's names agree;
+    DeepSpec's Gemma layers have their own, models/gemma4_draft.py)."""
     yield "fc.weight", net.fc, 0
     yield "hidden_norm.weight", net.hidden_norm, 0
     yield "norm.weight", net.norm, 0
     for i, layer in enumerate(net.layers):
-        yield from layer_plan(net.args.layers, layer, f"layers.{i}.")
+        if net.args.gemma is None:
+            yield from layer_plan(net.args.layers, layer, f"layers.{i}.")
+        else:
+            yield from gemma_layer_plan(layer, f"layers.{i}.")
+
+
+def fill_optional(net: DFlashNet, index: SafetensorsIndex) -> None:
+    """Tensors a checkpoint may leave out: Gemma layers' `layer_scalar` (ones)."""
+    if net.args.gemma is None:
+        return
+    plan = [
+        (f"layers.{i}.layer_scalar", layer.scalar, 0)
+        for i, layer in enumerate(net.layers)
+        if f"layers.{i}.layer_scalar" in index.where
+    ]
+    fill(iter(plan), index, lambda key: (1,), net.device)
 
 
 def backbone_shape(args: DFlashArgs, key: str) -> tuple[int, ...]:
@@ -257,6 +364,8 @@ def backbone_shape(args: DFlashArgs, key: str) -> tuple[int, ...]:
         return (h, len(args.target_layer_ids) * h)
     if key in ("hidden_norm.weight", "norm.weight"):
         return (h,)
+    if args.gemma is not None:
+        return gemma_shape(args.layers, args.gemma, key)
     return shape_for(args.layers, key)
 
 
@@ -267,4 +376,5 @@ def load_dflash(path: Path, *, target: Transformer, target_name: str, name: str)
     index = SafetensorsIndex(path, name)
     net = DFlashNet(args, dtype=target.dtype, device=target.device)
     fill(backbone_plan(net), index, lambda key: backbone_shape(args, key), net.device)
+    fill_optional(net, index)
     return net.eval()

@@ -1,4 +1,5 @@
-"""The DSpark drafter network, in DeepSpec's published format (`Qwen3DSparkModel`).
+"""The DSpark drafter network, in DeepSpec's published formats (`Qwen3DSparkModel`,
+`Gemma4DSparkModel`).
 
 The backbone is DFlash's (`models/dflash.py`): context features of the target's chosen
 layers fused by `fc` + `hidden_norm` and injected as K/V, a non-causal block, a final
@@ -18,6 +19,10 @@ layers fused by `fc` + `hidden_norm` and injected as K/V, a non-causal block, a 
 
 DeepSpec's plain `dflash_*_block7` checkpoints are the same class with `markov_rank` 0 and
 no confidence head: they load here and draft with the anchor-first layout alone.
+Its Gemma 4 drafters (`Gemma4DSparkModel`, e.g. `deepseek-ai/dspark_gemma4_12b_block7`)
+are the same model over Gemma draft layers (models/gemma4_draft.py), the noise block
+embedded with Gemma's sqrt(H) scale and the base logits soft-capped (`compute_logits`)
+before the Markov bias is added.
 The checkpoint's `embed_tokens` / `lm_head` are copies of the target's and are skipped
 (only their shapes are checked).
 """
@@ -35,7 +40,14 @@ from torch import nn
 
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
-from specgen.models.dflash import DFlashArgs, DFlashNet, backbone_plan, backbone_shape, check_pair
+from specgen.models.dflash import (
+    DFlashArgs,
+    DFlashNet,
+    backbone_plan,
+    backbone_shape,
+    check_pair,
+    fill_optional,
+)
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan
 from specgen.models.transformer import Transformer, new_weight
@@ -219,6 +231,7 @@ def load_dspark(path: Path, *, target: Transformer, target_name: str, name: str)
         return net.shapes[key] if key in net.shapes else backbone_shape(args.backbone, key)
 
     fill(chain(backbone_plan(net.backbone), net.heads_plan()), index, shape_of, net.device)
+    fill_optional(net.backbone, index)
     if args.confidence and "confidence_head.proj.bias" in index.where:
         fill(
             iter([("confidence_head.proj.bias", net.conf_b, 0)]),

@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
+from specgen.hf_configs import model_args
 from specgen.models.plans import (
     Plan,
+    gemma4_plan,
     hybrid_plan,
     offset_norms,
     shape_for,
@@ -113,9 +114,14 @@ def load_target(
 ) -> Transformer:
     """Build a `Transformer` from `model_dir` and fill it with the checkpoint's weights."""
     name = name or str(model_dir)
-    args = ModelArgs.from_hf(read_config(model_dir, name), name=name)
+    args = model_args(read_config(model_dir, name), name=name)
     index = SafetensorsIndex(model_dir, name)
     model = Transformer(args, dtype=dtype, device=device)
+    if args.gemma is not None:
+        rows = gemma4_plan(args, model, text_prefix(index.where), index.where)
+        shapes = {key: shape for key, _, _, shape in rows}
+        fill(((k, dest, at) for k, dest, at, _ in rows), index, shapes.__getitem__, model.device)
+        return model.eval()
     if args.hybrid is None:
         plan = target_plan(args, model)
     else:

@@ -7,6 +7,8 @@ checkpoints are the multimodal `Qwen3_5ForConditionalGeneration`: the text backb
 reads (only their names are seen, in the safetensors headers); a text-only save
 (`Qwen3_5ForCausalLM`) has the backbone under `model.`. Zero-centred RMSNorm weights (the
 scale is 1 + w) get their 1 added once after loading, in fp32 (models/blocks.norm_weight).
+Gemma 4 is published the same way (`Gemma4ForConditionalGeneration`: text under
+`model.language_model.`, beside vision and audio towers that are never read).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from specgen.config import ModelArgs
+from specgen.models.gemma4 import Gemma4Layer
 from specgen.models.transformer import DecoderLayer, Transformer
 
 Plan = Iterator[tuple[str, torch.Tensor, int]]  # (tensor name, destination, row offset)
@@ -96,6 +99,41 @@ def hybrid_plan(args: ModelArgs, model: Transformer, prefix: str) -> Plan:
         yield p + "mlp.gate_proj.weight", layer.w_gate_up, 0
         yield p + "mlp.up_proj.weight", layer.w_gate_up, inter
         yield p + "mlp.down_proj.weight", layer.w_down, 0
+
+
+def gemma4_plan(
+    args: ModelArgs, model: Transformer, prefix: str, keys
+) -> list[tuple[str, torch.Tensor, int, tuple[int, ...]]]:
+    """Gemma 4's tensors under `prefix`, each with its destination, row offset and shape
+    (layers differ in shape). KV-shared layers have no k/v tensors of their own (published
+    copies are ignored); `layer_scalar` is read where the checkpoint has it (else 1)."""
+    h = args.hidden_size
+    out = [(prefix + "embed_tokens.weight", model.embed, 0, (args.vocab_size, h)),
+           (prefix + "norm.weight", model.norm, 0, (h,))]  # fmt: skip
+    if not args.tie_word_embeddings:
+        out.append(("lm_head.weight", model.lm_head, 0, (args.vocab_size, h)))
+    for i, layer in enumerate(model.layers):
+        assert isinstance(layer, Gemma4Layer)
+        p, d, q = f"{prefix}layers.{i}.", layer.head_dim, layer.q_rows
+        kv, inter = layer.kv_heads * d, layer.w_down.shape[1]
+        out += [(p + "input_layernorm.weight", layer.attn_norm, 0, (h,)),
+                (p + "post_attention_layernorm.weight", layer.post_attn_norm, 0, (h,)),
+                (p + "pre_feedforward_layernorm.weight", layer.ffn_norm, 0, (h,)),
+                (p + "post_feedforward_layernorm.weight", layer.post_ffn_norm, 0, (h,)),
+                (p + "self_attn.q_proj.weight", layer.wqkv, 0, (q, h)),
+                (p + "self_attn.q_norm.weight", layer.q_norm, 0, (d,)),
+                (p + "self_attn.o_proj.weight", layer.wo, 0, (h, q)),
+                (p + "mlp.gate_proj.weight", layer.w_gate_up, 0, (inter, h)),
+                (p + "mlp.up_proj.weight", layer.w_gate_up, inter, (inter, h)),
+                (p + "mlp.down_proj.weight", layer.w_down, 0, (h, inter))]  # fmt: skip
+        if not layer.shared:
+            out += [(p + "self_attn.k_proj.weight", layer.wqkv, q, (kv, h)),
+                    (p + "self_attn.k_norm.weight", layer.k_norm, 0, (d,))]  # fmt: skip
+        if not layer.shared and not layer.k_is_v:
+            out.append((p + "self_attn.v_proj.weight", layer.wqkv, q + kv, (kv, h)))
+        if p + "layer_scalar" in keys:
+            out.append((p + "layer_scalar", layer.layer_scalar, 0, (1,)))
+    return out
 
 
 def offset_norms(model: nn.Module) -> None:

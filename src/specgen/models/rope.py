@@ -20,6 +20,10 @@ def inv_frequencies(rope: RopeArgs, head_dim: int) -> torch.Tensor:  # [d/2] fp3
     )
     if rope.kind == "linear":
         return inv_freq / rope.factor
+    if rope.kind == "proportional":  # Gemma 4: the first share turns, the rest stand still
+        turning = int(rope.partial * head_dim // 2)
+        inv_freq[turning:] = 0.0
+        return inv_freq / rope.factor
     if rope.kind == "llama3":
         return _llama3_scale(inv_freq, rope)
     return inv_freq

@@ -1,10 +1,13 @@
-"""The target decoder: one lean implementation of the Llama, Qwen2, Qwen3 and Qwen3.5 families.
+"""The target decoder: one lean implementation of the Llama, Qwen2, Qwen3, Qwen3.5 and Gemma 4
+families.
 
 The attention families differ only in which projections carry a bias and whether q/k get
 a per-head RMSNorm (Qwen3), so one module covers them; Qwen3.5 adds an output gate and
 partial RoPE to attention and puts Gated DeltaNet layers (models/gated_deltanet.py) between
-its attention layers. q/k/v and gate/up are stored fused so a decode step issues two
-matmuls fewer per layer; the loader stacks HF tensors into them.
+its attention layers; Gemma 4's layers (models/gemma4.py) mix sliding-window and global
+attention of different shapes, so RoPE tables and masks are per layer kind here. q/k/v and
+gate/up are stored fused so a decode step issues two matmuls fewer per layer; the loader
+stacks HF tensors into them.
 
 `forward` takes any number of new tokens: a prompt (prefill), one token (decode) or a
 verify block. Their K/V go into the static cache after its current length; attention is
@@ -27,6 +30,7 @@ from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.blocks import add_mlp, new_weight, norm_weight, residual_mlp
 from specgen.models.gated_deltanet import GatedDeltaNetLayer
+from specgen.models.gemma4 import Gemma4Layer, new_gemma4_cache
 from specgen.models.hybrid_cache import HybridCache
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.rope import rope_tables
@@ -176,7 +180,19 @@ class Transformer(nn.Module):
             if args.tie_word_embeddings
             else new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
         )
-        self._cos = self._sin = torch.empty(0, args.rope_dim, dtype=dtype, device=dev)
+        # RoPE tables [capacity, d], one per distinct (RoPE, width) among the layers (Gemma
+        # 4's sliding and global layers differ); layer i reads table `_rope_of[i]`
+        g = args.gemma
+        specs = [(args.rope, args.rope_dim) if g is None else (g.rope(i), g.head_dims[i])
+                 for i in range(args.num_layers)]  # fmt: skip
+        self._ropes = list(dict.fromkeys(specs)) or [(args.rope, args.rope_dim)]
+        self._rope_of = [self._ropes.index(spec) for spec in specs]
+        self._tables = [(torch.empty(0, d, dtype=dtype, device=dev),) * 2 for _, d in self._ropes]
+        self.windows = tuple(None if g is None else g.window(i) for i in range(args.num_layers))
+        # Gemma: the sqrt(hidden) scale rounded to the model dtype first, as transformers does
+        self._embed_scale = (
+            None if args.embed_scale is None else torch.tensor(args.embed_scale).to(dev, dtype)
+        )
 
     @property
     def device(self) -> torch.device:
@@ -187,10 +203,13 @@ class Transformer(nn.Module):
         target's cache also keeps recurrent state to roll back into any of the last
         forward's tokens when it has at most `steps` (1 + the most drafts a step verifies)."""
         a = self.args
-        if self._cos.shape[0] < capacity:
-            self._cos, self._sin = rope_tables(
-                a.rope, a.rope_dim, capacity, dtype=self.dtype, device=self.device
-            )
+        if self._tables[0][0].shape[0] < capacity:
+            self._tables = [
+                rope_tables(rope, d, capacity, dtype=self.dtype, device=self.device)
+                for rope, d in self._ropes
+            ]
+        if a.gemma is not None:
+            return new_gemma4_cache(a, batch, capacity, dtype=self.dtype, device=self.device)
         if a.hybrid is not None:
             return HybridCache(
                 a, batch=batch, capacity=capacity, steps=steps, dtype=self.dtype,
@@ -207,15 +226,25 @@ class Transformer(nn.Module):
         )
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
-        return F.embedding(tokens, self.embed)
+        """Token embeddings as the first layer sees them (Gemma: scaled by sqrt(hidden))."""
+        x = F.embedding(tokens, self.embed)
+        return x if self._embed_scale is None else x * self._embed_scale
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
         """Final norm + LM head."""
         return self.head(rms_norm(hidden, self.norm, self.args.rms_norm_eps))
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
-        """The LM head alone (drafters apply their own final norm, then this)."""
-        return linear(normed, self.lm_head, None)
+        """The LM head alone (drafters apply their own final norm, then this), with the
+        target's final logit softcapping (Gemma: tanh(x / c) * c), so drafters drafting
+        through it see the target's capped logits (greedy argmax is the same either way;
+        sampling is not)."""
+        return self.softcap(linear(normed, self.lm_head, None))
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """The final logit softcapping alone (for logits of a trimmed head's rows)."""
+        cap = self.args.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
     def forward(
@@ -239,26 +268,18 @@ class Transformer(nn.Module):
                 right by its padding scores the same as the row alone.
         """
         start, t = cache.length, tokens.shape[1]
-        cos, sin = self._cos[start : start + t], self._sin[start : start + t]
+        tables = [(cos[start : start + t], sin[start : start + t]) for cos, sin in self._tables]
         if start + t > cache.capacity:
             raise ContextLimitError(
                 f"context limit reached: {start + t} tokens do not fit in {cache.capacity}"
             )
-        # A decode step sees every cached key; a prefill on an empty cache is plain causal;
-        # anything else (a verify block after a prefix) needs the offset causal mask.
-        mask, causal = None, False
-        if t > 1 and start == 0:
-            causal = True
-        elif t > 1:
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
-        if pad is not None:
-            mask, causal = _padding_mask(pad, start, t, mask), False
+        masks = {w: attention_mask(start, t, w, pad, tokens.device) for w in set(self.windows)}
         if isinstance(cache, HybridCache):
             cache.begin(t, prefill=num_logits is not None, pad=pad)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask, causal)
+            x = layer(x, *tables[self._rope_of[i]], cache, i, *masks[self.windows[i]])
             if i in taps:
                 tapped[i] = x
         cache.commit(start + t)
@@ -293,23 +314,56 @@ class Transformer(nn.Module):
         """`forward_static` without its host-side bookkeeping (`cache.stepped`): what
         models/graphs.py captures once per T and replays at every length. Running it
         again at the same position gives the same result (warm-up, capture)."""
-        positions, length, cos, sin = device_positions(start, tokens.shape[1], self._cos, self._sin)
+        positions, length, cos, sin = device_positions(start, tokens.shape[1], *self._tables[0])
+        tables = [(cos, sin)] + [
+            (c.index_select(0, positions), s.index_select(0, positions))
+            for c, s in self._tables[1:]
+        ]
         if isinstance(cache, HybridCache):
             cache.begin_static(positions)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer.forward_static(x, cos, sin, cache, i, positions, length)
+            cos, sin = tables[self._rope_of[i]]
+            x = layer.forward_static(
+                x, cos, sin, cache, i, positions, length, window=self.windows[i]
+            )
             if i in taps:
                 tapped[i] = x
         return ForwardOutput(logits=self.logits(x), taps=tapped)
 
 
 def _layer(args: ModelArgs, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Layer i: attention, or a Gated DeltaNet layer where a hybrid target has one."""
+    """Layer i: attention, a Gated DeltaNet layer where a hybrid target has one, or a
+    Gemma 4 layer (sliding-window or global attention, with its own shape)."""
+    if args.gemma is not None:
+        return Gemma4Layer(args, i, dtype, device)
     if args.hybrid is not None and args.hybrid.linear(i):
         return GatedDeltaNetLayer(args, dtype, device)
     return DecoderLayer(args, dtype, device)
+
+
+def attention_mask(
+    start: int, t: int, window: int | None, pad: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor | None, bool]:
+    """What T new queries at [start, start + T) see: (mask, causal) for `attention`. The
+    mask covers the last mask.shape[-1] keys: a sliding window's covers only the keys from
+    the first query's window on (q - window < k <= q), and the layer drops the older ones.
+    A decode step sees every cached key; a prefill on an empty cache is plain causal;
+    anything else (a verify block after a prefix) needs the offset causal mask."""
+    mask, causal = None, False
+    if window is not None and start + t > window:  # some query's window excludes key 0
+        lo = 0 if pad is not None else max(0, start + 1 - window)
+        q = torch.arange(start, start + t, device=device)[:, None]
+        k = torch.arange(lo, start + t, device=device)[None, :]
+        mask = (k <= q) & (q - k < window)
+    elif t > 1 and start == 0:
+        causal = True
+    elif t > 1:
+        mask = torch.ones(t, start + t, dtype=torch.bool, device=device).tril(start)
+    if pad is not None:
+        mask, causal = _padding_mask(pad, start, t, mask), False
+    return mask, causal
 
 
 def device_positions(

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from specgen.config import RopeArgs
+from specgen.hf_configs import GEMMA4_DEFAULTS
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 
@@ -72,16 +73,50 @@ HYBRID_FIELDS = (
 )
 
 
+# a Gemma 4 target's fields a drafter of Qwen3 layers must not inherit
+GEMMA_FIELDS = (
+    "attention_k_eq_v",
+    "audio_config",
+    "enable_moe_block",
+    "global_head_dim",
+    "hidden_activation",
+    "hidden_size_per_layer_input",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_global_key_value_heads",
+    "num_kv_shared_layers",
+    "per_layer_config",
+    "sliding_window",
+    "top_k_experts",
+    "use_bidirectional_attention",
+    "use_double_wide_mlp",
+    "vocab_size_per_layer_input",
+)
+GEMMA_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+
+
 def text_config(target_config: dict[str, Any]) -> dict[str, Any]:
     """The target's text fields, flat, as a drafter's config starts from them: a multimodal
-    checkpoint's `text_config` (Qwen3.5) without the fields of its recurrent layers, and
-    RoPE as the drafter's plain attention uses it (no partial rotary, no multimodal
-    sections: z-lab's Qwen3.5 drafters rotate whole heads)."""
+    checkpoint's `text_config` (Qwen3.5, Gemma 4) without the fields of its recurrent or
+    Gemma layers, and RoPE as the drafter's plain attention uses it (no partial rotary, no
+    multimodal sections: z-lab's Qwen3.5 drafters rotate whole heads; of Gemma 4's RoPE per
+    layer type, the global layers' theta). A Gemma target's drafter embeds its block as the
+    target does (`input_embedding_scale` sqrt(hidden), z-lab's field) and keeps the final
+    logit softcapping, so it drafts as it was trained (through `Transformer.embed_tokens`)."""
     flat = {**target_config, **(target_config.get("text_config") or {})}
-    for key in ("text_config", "vision_config", *HYBRID_FIELDS):
+    gemma = target_config.get("model_type") in GEMMA_TYPES
+    for key in ("text_config", "vision_config", *HYBRID_FIELDS, *(GEMMA_FIELDS if gemma else ())):
         flat.pop(key, None)
     flat = {k: v for k, v in flat.items() if not k.startswith("linear_")}
     params = flat.get("rope_parameters")
+    if gemma:
+        flat["input_embedding_scale"] = (
+            float(flat.get("hidden_size", GEMMA4_DEFAULTS["hidden_size"])) ** 0.5
+        )
+        per_type = params if isinstance(params, dict) else {}
+        full = per_type.get("full_attention") or {"rope_theta": 1e6}
+        params = {"rope_type": "default", "rope_theta": full.get("rope_theta", 1e6)}
+        flat["rope_parameters"] = params
     if isinstance(params, dict):
         flat["rope_parameters"] = {
             k: v

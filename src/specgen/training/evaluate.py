@@ -20,7 +20,7 @@ from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
 from specgen.models.transformer import Transformer
 from specgen.training.losses import markov_logits
-from specgen.training.trainer import Prepared, Vocab, draft_blocks
+from specgen.training.trainer import Prepared, Vocab, draft_blocks, draft_logits
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ def accepted_lengths(
         anchors = torch.arange(start, min(start + chunk, hi + 1), device=device)
         drafted = draft_blocks(target, net, item, ids, anchors)
         hidden, targets = drafted.hidden, drafted.blocks.targets
-        logits = target.head(hidden) if vocab is None else vocab.logits(hidden)
+        backbone = net.backbone if isinstance(net, DSparkNet) else net
+        logits = draft_logits(target, backbone, hidden, vocab)
         if isinstance(net, DSparkNet):
             ids_v = None if vocab is None else vocab.ids
             logits = markov_logits(net, logits, hidden, drafted.prev, ids_v)

@@ -41,6 +41,11 @@ def init_from_target(net: DFlashNet | DSparkNet, target: Transformer) -> None:
             "--init target copies the target's attention layers into the drafter, but this "
             "target's are Gated DeltaNet and gated-attention layers (Qwen3.5); use --init random"
         )
+    if target.args.gemma is not None:
+        raise SpecgenError(
+            "--init target copies the target's attention layers into the drafter, but this "
+            "target's are Gemma 4 layers (four norms, their own head dims); use --init random"
+        )
     backbone = net.backbone if isinstance(net, DSparkNet) else net
     taps = backbone.args.target_layer_ids
     top = max(taps)

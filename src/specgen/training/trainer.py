@@ -135,6 +135,16 @@ class Vocab:
         return torch.where(tokens >= 0, self.index[tokens.clamp(min=0)], -1)
 
 
+def draft_logits(
+    target: Transformer, backbone: DFlashNet, hidden: torch.Tensor, vocab: Vocab | None
+) -> torch.Tensor:
+    """The drafter's head logits as it drafts at inference (its output multiplier and
+    softcapping: a Gemma target's), over the whole vocabulary or `vocab`'s rows."""
+    if vocab is None:
+        return backbone.head(target, hidden)
+    return backbone.logits(vocab.logits(hidden))
+
+
 def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
     params = list(net.parameters())
     for p in params:
@@ -167,9 +177,8 @@ def sequence_loss(
     anchors = lo + torch.randperm(hi - lo + 1, generator=generator)[:count].to(device)
     drafted = draft_blocks(target, net, item, ids, anchors.sort().values)
     blocks, hidden, anchors = drafted.blocks, drafted.hidden, drafted.blocks.anchors
-    head = target.head if vocab is None else vocab.logits
     targets = blocks.targets if vocab is None else vocab.targets(blocks.targets)
-    logits = head(hidden)  # [A, S, V]
+    logits = draft_logits(target, backbone, hidden, vocab)  # [A, S, V]
     if not dspark:
         loss = dflash_loss(logits, targets, gamma)
         return loss, {"ce": loss.item()}
@@ -180,7 +189,10 @@ def sequence_loss(
     assert item.last_hidden is not None
     with torch.no_grad():
         last = item.last_hidden[positions].to(target.dtype)
-        target_logits = head(rms_norm(last, target.norm, target.args.rms_norm_eps))
+        normed = rms_norm(last, target.norm, target.args.rms_norm_eps)
+        target_logits = (
+            target.head(normed) if vocab is None else target.softcap(vocab.logits(normed))
+        )
     conf = None
     if net.args.confidence:
         a, s, h = hidden.shape

@@ -101,9 +101,10 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
     first = cost.target_costs(model, "tiny", 3)
     assert first.max_drafts == 3 and all(s > 0 for row in first.seconds for s in row)
     monkeypatch.setattr(cost, "measure_costs", lambda *a, **k: pytest.fail("measured twice"))
-    assert cost.target_costs(model, "tiny", 2) == first
+    cut = cost.CostTable(first.contexts, tuple(row[:3] for row in first.seconds))
+    assert cost.target_costs(model, "tiny", 2) == cut  # cut to the longest draft asked for
     # graphs only change how a CUDA session's steps run: on the CPU, the same table
-    assert cost.target_costs(model, "tiny", 2, graphs=True) == first
+    assert cost.target_costs(model, "tiny", 2, graphs=True) == cut
 
 
 @pytest.mark.parametrize("graphs", [True, False])
@@ -444,3 +445,31 @@ def test_draft_length_is_settled_before_drafting_from_per_length_costs():
     while scheduler.pick((plain,), 100) is None:
         scheduler.skipped()
     assert scheduler.draft_length(7) == PROBE_LENGTH
+
+
+def test_costs_measured_again_mid_session_keep_the_shape_it_learnt_with(
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, monkeypatch
+):
+    """The verify costs cached for a longer draft (another drafter's) are cut to this
+    method's longest draft, so the table measured again when the steps drift (the machine
+    got busy) has the shape the scheduler's history was sized by: a serve test once hit an
+    IndexError when a 17-column cached table was replaced by a 16-column one mid-answer."""
+    from specgen.config import SpecConfig
+    from specgen.engine import costs as cost
+    from specgen.pipeline import Pipeline
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    longer = cost.target_costs(ar.model, ar._cost_key, 20)  # cached by a longer drafter
+    assert longer.max_drafts == 20
+    spec = SpecConfig(
+        method="stacked", drafter=(str(tiny_dflash), str(tiny_dspark)), verify_policy="full"
+    )
+    pipe = ar.with_spec(spec)
+    want = pipe.method.max_draft_tokens
+    assert pipe.costs.max_drafts == want < 20
+    monkeypatch.setattr(cost.CostCheck, "stale", lambda self, stats, table: 3.0)  # drifted
+    for prompt in ("The quick brown fox", "def add(a, b):", "one two one two"):
+        session = pipe.new_session()
+        for _ in range(2):
+            pipe.generate(prompt, max_new_tokens=24, session=session)
+    assert pipe.costs.max_drafts == want  # measured again, the same shape

@@ -252,4 +252,8 @@ def _load_table(path, max_drafts: int) -> CostTable | None:
         table = CostTable(tuple(data["contexts"]), tuple(tuple(s) for s in data["seconds"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent, unreadable or from an older format: measure again
-    return table if table.max_drafts >= max_drafts else None
+    if table.max_drafts < max_drafts:
+        return None
+    # cut to this method's longest draft: a table measured again later (`fresh`) has this
+    # shape, and the scheduler's history is sized by the table it started from
+    return CostTable(table.contexts, tuple(row[: max_drafts + 1] for row in table.seconds))

@@ -337,7 +337,8 @@ def test_greedy_equals_plain_decoding_with_drafts_verified(ar, drafters, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["deepspec dspark", pytest.param("stacked", marks=pytest.mark.slow)]
+    "case",
+    ["deepspec dspark", "trained zlab dflash", pytest.param("stacked", marks=pytest.mark.slow)],
 )
 def test_sampling_keeps_the_targets_distribution(ar, drafters, case):
     """The second token's empirical distribution converges to the exact one (T = 1): the

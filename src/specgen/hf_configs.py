@@ -289,6 +289,16 @@ def _refuse_gemma4_variants(t: dict[str, Any], name: str) -> None:
         raise CheckpointError(f"{name}: unsupported activation {t['hidden_activation']!r}")
 
 
+def gemma4_mlp_widths(
+    intermediate: int, layers: int, shared: int, double_wide: bool
+) -> tuple[int, ...]:
+    """Each layer's MLP width, transformers' Gemma4TextMLP rule: the layers at or past
+    num_layers - num_kv_shared_layers (when that is > 0) are KV-shared and, under
+    `use_double_wide_mlp`, twice as wide."""
+    first = layers - shared
+    return tuple(intermediate * (2 if double_wide and i >= first > 0 else 1) for i in range(layers))
+
+
 def _gemma4_layers(t: dict[str, Any], name: str) -> GemmaArgs:
     layers = int(t["num_hidden_layers"])
     types = list(
@@ -321,8 +331,6 @@ def _gemma4_layers(t: dict[str, Any], name: str) -> GemmaArgs:
                 f"layer, but none comes before layer {first}"
             )
         source[i] = producers[-1]  # the last unshared layer of its type
-    inter = int(t["intermediate_size"])
-    wide = 2 if t["use_double_wide_mlp"] else 1
     window = int(t["sliding_window"])
     if window < 1:
         raise CheckpointError(f"{name}: sliding_window {window}")
@@ -335,7 +343,9 @@ def _gemma4_layers(t: dict[str, Any], name: str) -> GemmaArgs:
         sliding_rope=_gemma4_rope(ropes, SLIDING, name),
         global_rope=_gemma4_rope(ropes, FULL, name),
         kv_source=tuple(source),
-        intermediate_sizes=tuple(inter * (wide if i >= first else 1) for i in range(layers)),
+        intermediate_sizes=gemma4_mlp_widths(
+            int(t["intermediate_size"]), layers, shared, bool(t["use_double_wide_mlp"])
+        ),
         k_eq_v=bool(t["attention_k_eq_v"]),
         approximate=GELU[t["hidden_activation"]],
     )

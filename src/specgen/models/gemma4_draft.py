@@ -27,6 +27,7 @@ from torch import nn
 
 from specgen.config import ModelArgs, RopeArgs
 from specgen.errors import CheckpointError
+from specgen.hf_configs import GELU, gemma4_mlp_widths
 from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
@@ -37,7 +38,6 @@ from specgen.models.kv_cache import StaticKVCache
 
 ARCHITECTURES = ("Gemma4DSparkModel",)
 TEXT_TYPES = ("gemma4_text", "gemma4_unified_text")
-GELU = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_activation -> F.gelu's form
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,7 @@ def gemma_layers_from_hf(cfg: dict[str, Any], name: str) -> tuple[ModelArgs, Gem
         raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
     if heads % kv:
         raise CheckpointError(f"{name}: {heads} attention heads for {kv} key/value heads")
-    # transformers' Gemma4TextMLP: layers at or past num_layers - num_kv_shared_layers are
-    # "kv-shared" and, under use_double_wide_mlp, twice as wide
-    first_shared = layers - shared
-    widths = tuple(inter * (2 if wide and i >= first_shared > 0 else 1) for i in range(layers))
+    widths = gemma4_mlp_widths(inter, layers, shared, wide)
     return args, GemmaDraftArgs(k_eq_v=k_eq_v, intermediate=widths, approximate=GELU[act])
 
 

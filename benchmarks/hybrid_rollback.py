@@ -63,8 +63,8 @@ def _layer(layer, cache, x, layer_id, tokens):
 
 def main() -> None:
     from specgen.config import LINEAR
-    from specgen.hf_configs import model_args
     from specgen.kernels.gated_delta import gated_delta_recurrent, gated_delta_replay
+    from specgen.models.families import model_args
     from specgen.models.gated_deltanet import GatedDeltaNetLayer
     from specgen.models.hybrid_cache import HybridCache
 

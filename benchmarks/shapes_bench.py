@@ -97,9 +97,9 @@ def _randomize(module: torch.nn.Module) -> None:
 def build(target_cfg: dict, device: str, dtype: torch.dtype):
     from specgen.drafting.dflash import DFlashMethod
     from specgen.drafting.dspark import DSparkMethod
-    from specgen.hf_configs import model_args
     from specgen.models.dflash import DFlashArgs, DFlashNet
     from specgen.models.dspark import DSparkArgs, DSparkNet
+    from specgen.models.families import model_args
     from specgen.models.transformer import Transformer
 
     target = Transformer(model_args(target_cfg), dtype=dtype, device=device)
@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
+    from specgen.bench.roofline import model_bytes_per_step, peak_bandwidth, utilisation
     from specgen.engine.costs import measure_costs, measure_draft_seconds
 
     dtype = getattr(torch, args.dtype)
@@ -201,13 +201,12 @@ def main() -> None:
         started = time.perf_counter()
         target, methods = build(cfg, args.device, dtype)
         table = measure_costs(target, 16, contexts=contexts, repeats=5)
-        params = sum(p.numel() * p.element_size() for p in target.parameters())
         row: dict = {"contexts": {}}
         for c, seconds in zip(table.contexts, table.seconds, strict=True):
             ar = seconds[0]
             util = None
             if peak:
-                util = utilisation(bytes_per_step(target.args, params, dtype.itemsize, c), ar, peak)
+                util = utilisation(model_bytes_per_step(target, c), ar, peak)
             drafts = {
                 k: measure_draft_seconds(m, target, context=c)[-1] for k, m in methods.items()
             }  # each drafter's longest draft

@@ -17,7 +17,7 @@ from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
 from specgen.cli import app
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import ModelNotFoundError, PromptError, SpecgenError
-from specgen.hf_configs import model_args
+from specgen.models.families import model_args
 from specgen.pipeline import Pipeline
 from specgen.stats import GenStats
 
@@ -256,7 +256,7 @@ def test_roofline_arithmetic():
     args = model_args(json.loads((FIXTURES / "qwen3-8b.config.json").read_text()))
     params = 8_190_735_360 * 2  # Qwen3-8B in bf16
     emb = args.vocab_size * args.hidden_size * 2
-    got = bytes_per_step(args, params, 2, context=1000)
+    got = bytes_per_step(args, params, emb, 2, context=1000)
     kv = 2 * args.num_layers * args.num_kv_heads * args.head_dim * 2 * 1000
     assert got == params - emb + args.hidden_size * 2 + kv  # untied: the table is one row
     assert (

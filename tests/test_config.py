@@ -9,7 +9,7 @@ import pytest
 
 from specgen.config import SamplingParams
 from specgen.errors import CheckpointError, SpecgenError
-from specgen.hf_configs import model_args
+from specgen.models.families import model_args
 
 # Real config.json files of the Qwen3 targets and the public drafters (see README there).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

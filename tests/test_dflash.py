@@ -10,9 +10,9 @@ import torch
 from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
 from specgen.config import SamplingParams, SpecConfig
 from specgen.errors import CheckpointError, SpecgenError
-from specgen.hf_configs import model_args
 from specgen.models.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
 from specgen.models.dflash_reference import reference_block_hidden
+from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 

@@ -14,11 +14,11 @@ from specgen.config import SamplingParams, SpecConfig
 from specgen.drafting.dspark import markov_draw
 from specgen.drafting.vocab import save_draft_vocab
 from specgen.errors import CheckpointError, SpecgenError
-from specgen.hf_configs import model_args
 from specgen.models.dflash import check_pair
 from specgen.models.dflash_reference import reference_block_hidden
 from specgen.models.dspark import DSparkArgs, load_dspark
 from specgen.models.dspark_reference import reference_heads
+from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable

@@ -25,8 +25,8 @@ from conftest import TINY_VOCAB, save_tiny_gemma4
 from specgen.cli import app
 from specgen.config import FULL, SLIDING
 from specgen.errors import CheckpointError
-from specgen.hf_configs import model_args
 from specgen.models import loading
+from specgen.models.families import model_args
 from specgen.models.graphs import GraphedForward
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import load_target
@@ -192,12 +192,12 @@ def test_head_caps_the_logits_and_embeddings_are_scaled(tiny_gemma4):
     """Drafters read the target's head: it applies the final softcapping, tanh(x / c) * c."""
     ours = load_target(tiny_gemma4, dtype=torch.float32, device="cpu")
     hidden = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(0)) * 40
-    raw = hidden @ ours.lm_head.T
+    raw = hidden @ ours.lm_head.dense().T
     capped = ours.head(hidden)
     torch.testing.assert_close(capped, torch.tanh(raw / 10.0) * 10.0)
     assert capped.abs().max() < 10.0 < raw.abs().max()  # it bites here
     tokens = torch.tensor([[3, 7, 11]])
-    torch.testing.assert_close(ours.embed_tokens(tokens), ours.embed[tokens] * 8.0)
+    torch.testing.assert_close(ours.embed_tokens(tokens), ours.embed.dense()[tokens] * 8.0)
 
 
 def test_half_precision_tracks_transformers(tmp_path):

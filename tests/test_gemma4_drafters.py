@@ -116,7 +116,7 @@ def variants(tiny_gemma4, tmp_path_factory):
 def test_tiny_deepspec_gemma_checkpoints_load(target, variants, name):
     net = load_dspark(variants[name], target=target, target_name="tiny", name=name)
     layer = net.backbone.layers[1]
-    assert layer.scalar.item() != 1.0  # layer_scalar was read
+    assert layer.layer_scalar.item() != 1.0  # layer_scalar was read
     assert layer.wqkv.shape[0] == 4 * 32 + 32 * (1 if VARIANTS[name].get("k_eq_v", True) else 4)
     assert net.args.first_slot == 0 and net.args.max_drafts == 7
 
@@ -149,7 +149,13 @@ def test_fast_path_equals_deepspecs_model_step_by_step(tiny_gemma4, target, vari
     draft = markov_draw(net, base, hidden, 7, SamplingParams(), None)
     tokens = draft.tokens[0].tolist()
     ref = reference_gemma_draft(
-        checkpoint_tensors(path), cfg, target.embed, target.lm_head, features, 7, tokens
+        checkpoint_tensors(path),
+        cfg,
+        target.embed.dense(),
+        target.lm_head.dense(),
+        features,
+        7,
+        tokens,
     )
     torch.testing.assert_close(hidden.double(), ref.hidden, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(base.double(), ref.base, atol=1e-4, rtol=1e-5)

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from conftest import TINY_VOCAB, save_tiny_qwen3_5
 from specgen.config import FULL, LINEAR
 from specgen.errors import CheckpointError
-from specgen.hf_configs import model_args
 from specgen.models import loading
+from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
 

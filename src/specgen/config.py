@@ -1,7 +1,7 @@
 """Frozen configuration dataclasses: one per concern.
 
-`ModelArgs` is the few numbers our decoder needs; `hf_configs.model_args` reads them from a
-Hugging Face `config.json` of the Llama, Qwen2, Qwen3, Qwen3.5 (hybrid) and Gemma 4 families.
+`ModelArgs` is the few numbers our decoder needs; `models.families.model_args` reads them
+from a Hugging Face `config.json` through the family its `model_type` names.
 """
 
 from __future__ import annotations
@@ -10,25 +10,8 @@ from dataclasses import dataclass, field
 
 from specgen.errors import SpecgenError
 
-# model_type -> family. The family decides which projections carry biases and whether the
-# attention has per-head q/k RMSNorm; everything else is read from the config itself.
-FAMILIES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_5": "qwen3_5",  # the multimodal checkpoint: text fields in `text_config`
-    "qwen3_5_text": "qwen3_5",
-    "gemma4": "gemma4",  # the multimodal checkpoints: text fields in `text_config`
-    "gemma4_text": "gemma4",
-    "gemma4_unified": "gemma4",  # google/gemma-4-12B-it: vision/audio embedders, no towers
-    "gemma4_unified_text": "gemma4",
-}
-# Hybrid families whose mixture-of-experts variants specgen does not run (no expert layers).
-MOE_TYPES = {"qwen3_5_moe": "Qwen3.5", "qwen3_5_moe_text": "Qwen3.5", "qwen3_next": "Qwen3-Next"}
 LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's `layer_types`
 SLIDING = "sliding_attention"  # Gemma 4's other layer type
-
-SUPPORTED_ROPE = ("default", "linear", "llama3")
 
 ENGINES = ("auto", "overlap", "sync")  # see engine/overlap.py and engine/loop.py
 
@@ -36,7 +19,7 @@ ENGINES = ("auto", "overlap", "sync")  # see engine/overlap.py and engine/loop.p
 @dataclass(frozen=True)
 class RopeArgs:
     theta: float = 10000.0
-    kind: str = "default"  # one of SUPPORTED_ROPE
+    kind: str = "default"  # models/families/common.SUPPORTED_ROPE, or "proportional"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
@@ -121,6 +104,7 @@ class ModelArgs:
     attn_output_gate: bool = False
     rotary_dim: int | None = None  # None: the whole head
     norm_offset: bool = False
+    fp32_norms: bool = False  # RMSNorm weights kept in fp32 (Qwen3.5's, Gemma 4's)
     # Gemma 4: per-layer attention shapes (the fields above give its sliding layers'),
     # embeddings scaled by sqrt(hidden), logits capped as tanh(x / c) * c
     gemma: GemmaArgs | None = None

@@ -296,7 +296,7 @@ def _memory(pipe: Pipeline | TransformersBaseline) -> int:
         return int(torch.cuda.max_memory_allocated(pipe.model.device))
     if isinstance(pipe, TransformersBaseline):
         return pipe.memory_bytes()
-    tensors = [*pipe.model.parameters(), *pipe.session.cache.tensors()]
+    tensors = [*pipe.model.tensors(), *pipe.session.cache.tensors()]
     if pipe.session.drafter is not None:
         tensors += pipe.session.drafter.tensors()
     tensors = list({t.data_ptr(): t for t in tensors}.values())  # shared storage once

@@ -8,7 +8,11 @@ of the hardware AR uses. Peak bandwidths are the vendors' figures.
 
 from __future__ import annotations
 
-from specgen.config import LINEAR, ModelArgs
+import torch
+
+from specgen.config import ModelArgs
+from specgen.models.family import family_of
+from specgen.models.transformer import Transformer
 
 PEAK_GBPS = {  # substring of torch.cuda.get_device_name() -> GB/s (first match wins)
     "H200": 4800,
@@ -34,27 +38,24 @@ def peak_bandwidth(device_name: str) -> float | None:
     return None
 
 
-def bytes_per_step(args: ModelArgs, parameter_bytes: int, element_size: int, context: int) -> int:
-    """Bytes one decoding step reads: the weights (the embedding table as one row unless
-    it is also the LM head) plus K and V of `context` cached tokens in the attention
-    layers (of a sliding-window layer's window), and a hybrid model's recurrent states
-    (fp32; read, and written back once)."""
-    embedding = args.vocab_size * args.hidden_size * element_size
-    weights = parameter_bytes - (0 if args.tie_word_embeddings else embedding)
-    hy, g = args.hybrid, args.gemma
-    attention = args.num_layers if hy is None else args.num_layers - hy.layer_types.count(LINEAR)
-    kv = 2 * attention * args.num_kv_heads * args.head_dim * element_size * context
-    if g is not None:  # per layer: its shape, and a sliding layer reads its window only
-        kv = sum(
-            2 * g.kv_heads[i] * g.head_dims[i] * element_size
-            * min(context, g.window(i) or context)
-            for i in range(args.num_layers)
-        )  # fmt: skip
-    states = 0
-    if hy is not None:
-        per_state = hy.value_heads * hy.key_dim * hy.value_dim * 4
-        states = 2 * hy.layer_types.count(LINEAR) * per_state
-    return weights + args.hidden_size * element_size + kv + states
+def bytes_per_step(
+    args: ModelArgs, weight_bytes: int, embed_bytes: int, kv_element_size: int, context: int
+) -> int:
+    """Bytes one decoding step reads: the weights as stored (the embedding table as one row
+    unless it is also the LM head) plus what the family's cache holds for `context` cached
+    tokens (K and V of its attention layers, a sliding layer's window only; a hybrid
+    model's recurrent states)."""
+    family = family_of(args)
+    row = embed_bytes // args.vocab_size
+    weights = weight_bytes - (0 if args.tie_word_embeddings else embed_bytes)
+    kv = family.kv_bytes(args, context, kv_element_size)
+    return weights + row + kv + family.state_bytes(args)
+
+
+def model_bytes_per_step(model: Transformer, context: int) -> int:
+    """`bytes_per_step` of a loaded target, its weights' bytes from the weight seam."""
+    element = torch.empty(0, dtype=model.dtype).element_size()
+    return bytes_per_step(model.args, model.resident_bytes, model.embed.nbytes, element, context)
 
 
 def utilisation(bytes_step: int, step_seconds: float, peak: float) -> float:

@@ -188,7 +188,7 @@ def _ar_roofline(ar, result) -> float | None:
     """AR's share of the GPU's memory-bandwidth roofline over the bench (CUDA only)."""
     import torch
 
-    from specgen.bench.roofline import bytes_per_step, peak_bandwidth, utilisation
+    from specgen.bench.roofline import model_bytes_per_step, peak_bandwidth, utilisation
 
     if ar.model.device.type != "cuda":
         return None
@@ -196,13 +196,11 @@ def _ar_roofline(ar, result) -> float | None:
     runs = [r for r in result.runs if r.method == "ar" and r.stats.new_tokens > 1]
     if peak is None or not runs:
         return None
-    params = sum(p.numel() * p.element_size() for p in ar.model.parameters())
-    size = next(ar.model.parameters()).element_size()
     shares = []
     for r in runs:
         step = (r.seconds - r.ttft_seconds) / (r.stats.new_tokens - 1)
         context = r.stats.prompt_tokens + r.stats.new_tokens // 2  # the mean over the answer
-        shares.append(utilisation(bytes_per_step(ar.model.args, params, size, context), step, peak))
+        shares.append(utilisation(model_bytes_per_step(ar.model, context), step, peak))
     return round(sum(shares) / len(shares), 4)
 
 

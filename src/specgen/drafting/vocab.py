@@ -22,6 +22,7 @@ import torch
 
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
+from specgen.models.weights import LinearWeight
 
 FILE = "draft_vocab.json"
 
@@ -44,7 +45,7 @@ def save_draft_vocab(path: Path, ids: list[int]) -> None:
     (path / FILE).write_text(json.dumps({"token_ids": sorted(ids)}) + "\n")
 
 
-def load_draft_vocab(path: Path, lm_head: torch.Tensor, name: str) -> DraftVocab | None:
+def load_draft_vocab(path: Path, lm_head: LinearWeight, name: str) -> DraftVocab | None:
     """The drafter's vocabulary from `path/draft_vocab.json`, or None when it has none."""
     file = path / FILE
     if not file.is_file():
@@ -58,4 +59,4 @@ def load_draft_vocab(path: Path, lm_head: torch.Tensor, name: str) -> DraftVocab
     if tensor.numel() == 0 or tensor[0] < 0 or tensor[-1] >= vocab:
         raise CheckpointError(f"{name}: {FILE} names tokens outside the target's {vocab}")
     tensor = tensor.to(lm_head.device)
-    return DraftVocab(tensor, lm_head[tensor].contiguous())
+    return DraftVocab(tensor, lm_head.lookup(tensor).contiguous())

@@ -1,5 +1,5 @@
 """Measuring the step costs a pipeline's schedulers decide from (scheduling/cost.py), once
-per (model, drafter, dtype, device, threads, torch) and cached as JSON under
+per (model, drafter, dtype, weight format, device, threads, torch) and cached as JSON under
 $SPECGEN_HOME/costs/, so later runs (and seeded sampling runs, whose verify lengths
 depend on these numbers) reuse them. Timings never enter tests; they only steer the
 verify length and the drafter choice, which do not change which tokens come out.
@@ -226,7 +226,8 @@ def _identity(model: Transformer, key: str, graphs: bool) -> str:
     """What a measurement depends on besides the drafter."""
     graphs = graphs and model.device.type == "cuda"
     return (
-        f"{key}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}"
+        f"{key}|{model.dtype}|{model.weights_identity}|{model.device}"
+        f"|threads={torch.get_num_threads()}"
         f"|torch={torch.__version__}|kernels={KERNELS_REVISION}" + ("|graphs" if graphs else "")
     )
 

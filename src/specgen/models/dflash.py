@@ -30,27 +30,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
-from specgen.hf_configs import model_args
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.decoder_layer import DecoderLayer
+from specgen.models.families import model_args
 from specgen.models.gemma4_draft import (
     GemmaDraftArgs,
-    GemmaDraftLayer,
-    gemma_layer_plan,
+    draft_layer_shape,
     gemma_layers_from_hf,
-    gemma_shape,
     is_gemma_draft,
 )
+from specgen.models.gemma4_layer import GemmaLayer
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import SafetensorsIndex, fill, read_config
-from specgen.models.plans import Plan, layer_plan, shape_for
+from specgen.models.plans import Plan, Row
 from specgen.models.rope import rope_tables
-from specgen.models.transformer import DecoderLayer, Transformer, device_positions, new_weight
+from specgen.models.transformer import Transformer, device_positions
+from specgen.models.weights import new_weight
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -204,14 +204,14 @@ class DFlashNet(nn.Module):
         self.dtype = dtype
         w = dict(dtype=dtype, device=device)
         # Gemma's norms scale in fp32 and round once: their weights stay fp32
-        nw = dict(w, dtype=torch.float32) if args.gemma else w
+        nw = dict(w, dtype=torch.float32) if la.fp32_norms else w
         self.fc = new_weight(la.hidden_size, len(args.target_layer_ids) * la.hidden_size, **w)
         self.hidden_norm = new_weight(la.hidden_size, **nw)
         self.norm = new_weight(la.hidden_size, **nw)
         self.layers = nn.ModuleList(
             DecoderLayer(la, dtype, device)
             if args.gemma is None
-            else GemmaDraftLayer(la, args.gemma, i, dtype, device)
+            else GemmaLayer(draft_layer_shape(la, args.gemma, i), dtype, device)
             for i in range(la.num_layers)
         )
         self._cos = self._sin = torch.empty(0, la.head_dim, dtype=dtype, device=device)
@@ -219,6 +219,16 @@ class DFlashNet(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.fc.device
+
+    def plan(self) -> Plan:
+        """The checkpoint tensors of the block backbone (z-lab's and DeepSpec's names
+        agree, Qwen-style and Gemma layers alike)."""
+        h = self.args.layers.hidden_size
+        yield Row("fc.weight", self.fc, (h, len(self.args.target_layer_ids) * h))
+        yield Row("hidden_norm.weight", self.hidden_norm, (h,))
+        yield Row("norm.weight", self.norm, (h,))
+        for i, layer in enumerate(self.layers):
+            yield from layer.plan(f"layers.{i}.")
 
     def new_cache(self, capacity: int) -> StaticKVCache:
         """Context K/V for `capacity` committed tokens, plus room for one block."""
@@ -240,7 +250,7 @@ class DFlashNet(nn.Module):
     def embed_block(self, target: Transformer, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] ids -> [B, T, H]: the target's raw embedding rows times the drafter's
         scale (z-lab's `input_embedding_scale`; Gemma's sqrt(H), rounded to the dtype)."""
-        x = F.embedding(ids, target.embed)
+        x = target.embed.lookup(ids)
         a = self.args
         if a.embed_scale == 1.0:
             return x
@@ -261,7 +271,7 @@ class DFlashNet(nn.Module):
 
     def head(self, target: Transformer, hidden: torch.Tensor) -> torch.Tensor:  # [.., V]
         """The drafter's logits through the target's LM head (hidden: after `norm`)."""
-        return self.logits(linear(hidden, target.lm_head, None))
+        return self.logits(target.lm_head(hidden))
 
     @torch.inference_mode()
     def extend(self, cache: StaticKVCache, features: torch.Tensor) -> None:
@@ -333,48 +343,11 @@ def _window_mask(
     return visible
 
 
-def backbone_plan(net: DFlashNet) -> Plan:
-    """The checkpoint tensors of the block backbone (z-lab's and DeepSpec's names agree;
-    DeepSpec's Gemma layers have their own, models/gemma4_draft.py)."""
-    yield "fc.weight", net.fc, 0
-    yield "hidden_norm.weight", net.hidden_norm, 0
-    yield "norm.weight", net.norm, 0
-    for i, layer in enumerate(net.layers):
-        if net.args.gemma is None:
-            yield from layer_plan(net.args.layers, layer, f"layers.{i}.")
-        else:
-            yield from gemma_layer_plan(layer, f"layers.{i}.")
-
-
-def fill_optional(net: DFlashNet, index: SafetensorsIndex) -> None:
-    """Tensors a checkpoint may leave out: Gemma layers' `layer_scalar` (ones)."""
-    if net.args.gemma is None:
-        return
-    plan = [
-        (f"layers.{i}.layer_scalar", layer.scalar, 0)
-        for i, layer in enumerate(net.layers)
-        if f"layers.{i}.layer_scalar" in index.where
-    ]
-    fill(iter(plan), index, lambda key: (1,), net.device)
-
-
-def backbone_shape(args: DFlashArgs, key: str) -> tuple[int, ...]:
-    h = args.layers.hidden_size
-    if key == "fc.weight":
-        return (h, len(args.target_layer_ids) * h)
-    if key in ("hidden_norm.weight", "norm.weight"):
-        return (h,)
-    if args.gemma is not None:
-        return gemma_shape(args.layers, args.gemma, key)
-    return shape_for(args.layers, key)
-
-
 def load_dflash(path: Path, *, target: Transformer, target_name: str, name: str) -> DFlashNet:
     """Load a z-lab-format DFlash drafter for `target` (validated as a pair first)."""
     args = DFlashArgs.from_hf(read_config(path, name), name=name)
     check_pair(args, target.args, name, target_name)
     index = SafetensorsIndex(path, name)
     net = DFlashNet(args, dtype=target.dtype, device=target.device)
-    fill(backbone_plan(net), index, lambda key: backbone_shape(args, key), net.device)
-    fill_optional(net, index)
+    fill(net.plan(), index, net.device)
     return net.eval()

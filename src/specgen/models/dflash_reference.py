@@ -34,7 +34,7 @@ def reference_block_hidden(
     ctx = _norm(F.linear(features, net.fc), net.hidden_norm, eps)
     x = block
     for i, layer in enumerate(net.layers):
-        wq, wk, wv = layer.wqkv.split([nq * d, nkv * d, nkv * d])
+        wq, wk, wv = layer.wqkv.dense().split([nq * d, nkv * d, nkv * d])
         h = _norm(x, layer.attn_norm, eps)
         q = _norm(F.linear(h, wq).view(1, size, nq, d), layer.q_norm, eps)
         k = F.linear(torch.cat([ctx, h], 1), wk).view(1, length + size, nkv, d)
@@ -51,7 +51,7 @@ def reference_block_hidden(
         if window is not None:
             scores = scores.masked_fill(offset.abs() >= window, float("-inf"))
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, size, nq * d)
-        x = x + F.linear(out, layer.wo)
-        gate, up = F.linear(_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, -1)
-        x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        x = x + F.linear(out, layer.wo.dense())
+        gate, up = F.linear(_norm(x, layer.ffn_norm, eps), layer.w_gate_up.dense()).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, layer.w_down.dense())
     return _norm(x, net.norm, eps)

@@ -30,7 +30,6 @@ The checkpoint's `embed_tokens` / `lm_head` are copies of the target's and are s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,11 @@ from torch import nn
 
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
-from specgen.models.dflash import (
-    DFlashArgs,
-    DFlashNet,
-    backbone_plan,
-    backbone_shape,
-    check_pair,
-    fill_optional,
-)
+from specgen.models.dflash import DFlashArgs, DFlashNet, check_pair
 from specgen.models.loading import SafetensorsIndex, fill, read_config
-from specgen.models.plans import Plan
-from specgen.models.transformer import Transformer, new_weight
+from specgen.models.plans import Plan, Row
+from specgen.models.transformer import Transformer
+from specgen.models.weights import new_weight
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # the target's own tensors, duplicated
@@ -113,11 +106,10 @@ class DSparkNet(nn.Module):
         la, r = args.backbone.layers, args.markov_rank
         h, v = la.hidden_size, la.vocab_size
         w = dict(dtype=dtype, device=device)
-        self.shapes: dict[str, tuple[int, ...]] = {}
         self._rows: torch.Tensor | None = None  # markov_rows' gather, and what it is of
         self._rows_of: torch.Tensor | None = None
         self._rows_key: tuple[int, ...] | None = None
-        self._plan: list[tuple[str, nn.Parameter]] = []
+        self._plan: list[Row] = []  # the heads' tensors, in the order they are made
         if r:
             self.markov_w1 = self._param("markov_head.markov_w1.weight", (v, r), w)
             self.markov_w2 = self._param("markov_head.markov_w2.weight", (v, r), w)
@@ -131,18 +123,20 @@ class DSparkNet(nn.Module):
             width = h + (r if args.confidence_with_markov else 0)
             self.conf_w = self._param("confidence_head.proj.weight", (1, width), w)
             # optional in the checkpoint (nn.Linear's default bias in DeepSpec): zero if absent
-            self.conf_b = new_weight(1, **w)
+            self.conf_b = self._param("confidence_head.proj.bias", (1,), w, optional=True)
             self.conf_b.data.zero_()
 
-    def _param(self, key: str, shape: tuple[int, ...], w: dict) -> nn.Parameter:
+    def _param(
+        self, key: str, shape: tuple[int, ...], w: dict, optional: bool = False
+    ) -> nn.Parameter:
         param = new_weight(*shape, **w)
-        self.shapes[key] = shape
-        self._plan.append((key, param))
+        self._plan.append(Row(key, param, shape, optional=optional))
         return param
 
-    def heads_plan(self) -> Plan:
-        for key, param in self._plan:
-            yield key, param, 0
+    def plan(self) -> Plan:
+        """Every checkpoint tensor: the block backbone's, then the heads'."""
+        yield from self.backbone.plan()
+        yield from self._plan
 
     def markov_step(
         self,
@@ -227,16 +221,5 @@ def load_dspark(path: Path, *, target: Transformer, target_name: str, name: str)
     _check_copies(index, target)
     net = DSparkNet(args, dtype=target.dtype, device=target.device)
 
-    def shape_of(key: str) -> tuple[int, ...]:
-        return net.shapes[key] if key in net.shapes else backbone_shape(args.backbone, key)
-
-    fill(chain(backbone_plan(net.backbone), net.heads_plan()), index, shape_of, net.device)
-    fill_optional(net.backbone, index)
-    if args.confidence and "confidence_head.proj.bias" in index.where:
-        fill(
-            iter([("confidence_head.proj.bias", net.conf_b, 0)]),
-            index,
-            lambda key: (1,),
-            net.device,
-        )
+    fill(net.plan(), index, net.device)
     return net.eval()

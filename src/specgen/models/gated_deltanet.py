@@ -24,10 +24,11 @@ from torch import nn
 
 from specgen.config import ModelArgs
 from specgen.kernels.gated_delta import gated_delta_chunked, gated_delta_replay, replay_tape
-from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.blocks import add_mlp, new_weight, norm_weight, residual_mlp
+from specgen.models.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
 from specgen.models.hybrid_cache import HybridCache, LinearStep
+from specgen.models.plans import Row
+from specgen.models.weights import DenseWeight, new_weight
 
 L2_EPS = 1e-6  # transformers' (and fla's) l2norm epsilon
 
@@ -43,14 +44,30 @@ class GatedDeltaNetLayer(nn.Module):
         self.attn_norm = norm_weight(args, dtype, device)(h)
         # [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] stacked: one matmul per step
         self.splits = (hy.conv_dim, value_width, hy.value_heads, hy.value_heads)
-        self.w_in = new_weight(sum(self.splits), h, **w)
+        self.w_in = DenseWeight(sum(self.splits), h, **w)
         self.conv_w = new_weight(hy.conv_dim, 1, hy.conv_kernel, **w)  # depthwise taps
         # kept in fp32: transformers computes the decay in fp32 from them
         self.a_log = new_weight(hy.value_heads, dtype=torch.float32, device=device)
         self.dt_bias = new_weight(hy.value_heads, dtype=torch.float32, device=device)
         self.out_norm = new_weight(hy.value_dim, **w)  # the gated RMSNorm (plain weight)
-        self.w_out = new_weight(h, value_width, **w)
+        self.w_out = DenseWeight(h, value_width, **w)
         add_mlp(self, args, dtype, device)
+
+    def plan(self, prefix: str):
+        """The HF tensors of this layer under `prefix` (the four input projections stacked)."""
+        hy, p, h = self.hy, prefix + "linear_attn.", self.args.hidden_size
+        yield Row(prefix + "input_layernorm.weight", self.attn_norm, (h,))
+        yield Row(prefix + "post_attention_layernorm.weight", self.ffn_norm, (h,))
+        rows = 0
+        for name, width in zip(("qkv", "z", "b", "a"), self.splits, strict=True):
+            yield Row(p + f"in_proj_{name}.weight", self.w_in, (width, h), rows)
+            rows += width
+        yield Row(p + "conv1d.weight", self.conv_w, (hy.conv_dim, 1, hy.conv_kernel))
+        yield Row(p + "A_log", self.a_log, (hy.value_heads,))
+        yield Row(p + "dt_bias", self.dt_bias, (hy.value_heads,))
+        yield Row(p + "norm.weight", self.out_norm, (hy.value_dim,))
+        yield Row(p + "out_proj.weight", self.w_out, (h, hy.value_heads * hy.value_dim))
+        yield from mlp_plan(self, prefix)
 
     def forward(
         self,
@@ -79,7 +96,7 @@ class GatedDeltaNetLayer(nn.Module):
         h = rms_norm(x, self.attn_norm, a.rms_norm_eps)
         if step.real is not None:  # left padding contributes nothing to the state
             h = h * step.real[..., None].to(h.dtype)
-        mixed, z, b, dt = linear(h, self.w_in, None).split(self.splits, dim=-1)
+        mixed, z, b, dt = self.w_in(h).split(self.splits, dim=-1)
         j = cache.state_slot(layer_id)
         ring = cache.conv[j]  # [B, C, Rc]: conv inputs by position
         inputs = torch.cat((ring.index_select(2, step.conv_read), mixed.transpose(1, 2)), dim=2)
@@ -103,7 +120,7 @@ class GatedDeltaNetLayer(nn.Module):
             out = gated_delta_replay(q, k, v, g, beta, base, tape, step.replay, start)
             cache.keep_step(layer_id, step.write, None if in_place else start, (q, k, v, g, beta))
         out = _gated_norm(out.to(x.dtype), z, self.out_norm, a.rms_norm_eps, hy.value_dim)
-        return residual_mlp(self, x, linear(out, self.w_out, None))
+        return residual_mlp(self, x, self.w_out(out))
 
     def _prefill(self, q, k, v, g, beta, state, inputs, cache, layer_id, step) -> torch.Tensor:
         """The chunked form over the block, cut at the cache's snapshot points, each handed

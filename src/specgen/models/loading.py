@@ -1,6 +1,6 @@
 """Load a target decoder from an HF-format directory (config.json + safetensors).
 
-Which tensor fills which weight is planned in models/plans.py.
+Which tensor fills which weight is each model's and layer's load plan (models/plans.Row).
 
 Tensors are streamed one at a time from the (possibly sharded) safetensors files straight
 into the model's buffers, cast to the requested dtype on the way, so peak memory is the
@@ -11,23 +11,14 @@ anything else in the files (rotary caches, extra heads) is ignored.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from specgen.errors import CheckpointError
-from specgen.hf_configs import model_args
-from specgen.models.plans import (
-    Plan,
-    gemma4_plan,
-    hybrid_plan,
-    offset_norms,
-    shape_for,
-    target_plan,
-    text_prefix,
-)
+from specgen.models.families import model_args
+from specgen.models.plans import Plan
 from specgen.models.transformer import Transformer
 
 
@@ -80,26 +71,22 @@ class SafetensorsIndex:
             ) from None
 
 
-def fill(
-    plan: Plan,
-    index: SafetensorsIndex,
-    shape_of: Callable[[str], tuple[int, ...]],
-    device: torch.device,
-) -> None:
-    """Copy every planned tensor into place; missing or mis-shaped ones fail by name."""
+def fill(plan: Plan, index: SafetensorsIndex, device: torch.device) -> None:
+    """Copy every planned tensor into place; missing or mis-shaped ones fail by name (an
+    optional row that the checkpoint lacks keeps its initial value)."""
     missing: list[str] = []
-    for key, dest, offset in plan:
-        if key not in index.where:
-            missing.append(key)
+    for row in plan:
+        if row.key not in index.where:
+            if not row.optional:
+                missing.append(row.key)
             continue
-        expected = shape_of(key)
-        tensor = index.get(key, device)
-        if tuple(tensor.shape) != expected:
+        tensor = index.get(row.key, device)
+        if tuple(tensor.shape) != row.shape:
             raise CheckpointError(
-                f"{index.name}: tensor {key} has shape {tuple(tensor.shape)}, "
-                f"expected {expected} for this config"
+                f"{index.name}: tensor {row.key} has shape {tuple(tensor.shape)}, "
+                f"expected {row.shape} for this config"
             )
-        dest.data[offset : offset + expected[0]].copy_(tensor)
+        row.load(tensor)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{index.name}: checkpoint lacks {', '.join(missing[:3])}{more}")
@@ -117,16 +104,6 @@ def load_target(
     args = model_args(read_config(model_dir, name), name=name)
     index = SafetensorsIndex(model_dir, name)
     model = Transformer(args, dtype=dtype, device=device)
-    if args.gemma is not None:
-        rows = gemma4_plan(args, model, text_prefix(index.where), index.where)
-        shapes = {key: shape for key, _, _, shape in rows}
-        fill(((k, dest, at) for k, dest, at, _ in rows), index, shapes.__getitem__, model.device)
-        return model.eval()
-    if args.hybrid is None:
-        plan = target_plan(args, model)
-    else:
-        plan = hybrid_plan(args, model, text_prefix(index.where))
-    fill(plan, index, lambda key: shape_for(args, key), model.device)
-    if args.norm_offset:
-        offset_norms(model)
+    fill(model.plan(model.family.prefix(index.where)), index, model.device)
+    model.family.finish_load(model)
     return model.eval()

@@ -1,13 +1,9 @@
-"""The target decoder: one lean implementation of the Llama, Qwen2, Qwen3, Qwen3.5 and Gemma 4
-families.
+"""The target decoder: embedding, the family's layers (models/families/), final norm, LM head.
 
-The attention families differ only in which projections carry a bias and whether q/k get
-a per-head RMSNorm (Qwen3), so one module covers them; Qwen3.5 adds an output gate and
-partial RoPE to attention and puts Gated DeltaNet layers (models/gated_deltanet.py) between
-its attention layers; Gemma 4's layers (models/gemma4.py) mix sliding-window and global
-attention of different shapes, so RoPE tables and masks are per layer kind here. q/k/v and
-gate/up are stored fused so a decode step issues two matmuls fewer per layer; the loader
-stacks HF tensors into them.
+Which layers a target has, their RoPE and sliding windows, and its cache are its family's
+to say (`family_of(args)`); this module never names a family. RoPE tables and masks are
+kept per distinct (RoPE, width) and window among the layers, since some families mix
+layer kinds of different shapes.
 
 `forward` takes any number of new tokens: a prompt (prefill), one token (decode) or a
 verify block. Their K/V go into the static cache after its current length; attention is
@@ -19,143 +15,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specgen.config import ModelArgs
-from specgen.kernels.attention import attention
-from specgen.kernels.block_attention import block_attention
-from specgen.kernels.linear import linear
-from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.blocks import add_mlp, new_weight, norm_weight, residual_mlp
-from specgen.models.gated_deltanet import GatedDeltaNetLayer
-from specgen.models.gemma4 import Gemma4Layer, new_gemma4_cache
+from specgen.models.blocks import norm_weight
+from specgen.models.families import model_args  # noqa: F401  (registers the families)
+from specgen.models.family import family_of
 from specgen.models.hybrid_cache import HybridCache
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
+from specgen.models.plans import Plan, Row
 from specgen.models.rope import rope_tables
+from specgen.models.weights import DenseWeight, held_tensors, resident_bytes, weights_identity
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # [B, n, V] for the last n positions (n = num_logits or T)
     taps: dict[int, torch.Tensor]  # layer id -> hidden state after that layer, [B, T, H]
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        self.args = args
-        h, d = args.hidden_size, args.head_dim
-        # Qwen3.5's gated attention: q_proj yields each head's query and its output gate
-        self.q_rows = args.num_heads * d * (2 if args.attn_output_gate else 1)
-        n_qkv = self.q_rows + 2 * args.num_kv_heads * d
-        w, nw = dict(dtype=dtype, device=device), norm_weight(args, dtype, device)
-        self.attn_norm = nw(h)
-        self.wqkv = new_weight(n_qkv, h, **w)
-        self.bqkv = new_weight(n_qkv, **w) if args.qkv_bias else None
-        self.q_norm = nw(d) if args.qk_norm else None
-        self.k_norm = nw(d) if args.qk_norm else None
-        self.wo = new_weight(h, args.num_heads * d, **w)
-        self.bo = new_weight(h, **w) if args.o_bias else None
-        add_mlp(self, args, dtype, device)
-
-    def project_kv(
-        self,
-        h: torch.Tensor,  # [B, T, H], used as-is (no input norm): e.g. DFlash context features
-        cos: torch.Tensor,  # [T, d]
-        sin: torch.Tensor,  # [T, d]
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # k, v: [B, n_kv, T, d]
-        """Keys and values of inputs that serve only as keys (no query, no residual)."""
-        a = self.args
-        bsz, t, _ = h.shape
-        q_rows, kv = self.q_rows, a.num_kv_heads * a.head_dim
-        bias = None if self.bqkv is None else self.bqkv[q_rows:]
-        k, v = linear(h, self.wqkv[q_rows:], bias).split([kv, kv], dim=-1)
-        k = k.view(bsz, t, a.num_kv_heads, a.head_dim)
-        if self.k_norm is not None:
-            k = rms_norm(k, self.k_norm, a.rms_norm_eps)
-        k = apply_rope(k, cos, sin).transpose(1, 2)
-        return k, v.view(bsz, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, T, H]
-        cos: torch.Tensor,  # [T, d]
-        sin: torch.Tensor,  # [T, d]
-        cache: StaticKVCache,
-        layer_id: int,
-        mask: torch.Tensor | None,  # [T, L+T] bool, None when every key is visible
-        causal: bool,
-    ) -> torch.Tensor:  # [B, T, H]
-        q, k, v, gate = self._qkv(x, cos, sin)
-        keys, values = cache.write(layer_id, k, v)
-        return self._output(x, attention(q, keys, values, mask, causal), gate)
-
-    def forward_static(
-        self,
-        x: torch.Tensor,  # [B, T, H]
-        cos: torch.Tensor,  # [T, d]
-        sin: torch.Tensor,  # [T, d]
-        cache: StaticKVCache,
-        layer_id: int,
-        positions: torch.Tensor,  # [T] int64, on the device
-        length: torch.Tensor,  # [1] int32: positions[-1] + 1
-        causal: bool = True,  # False: every query sees every key (a drafter's block)
-        window: int | None = None,  # a sliding-window layer's reach (drafters)
-    ) -> torch.Tensor:  # [B, T, H]
-        """`forward` with the positions in device memory: no host value, no shape that
-        depends on the cache length, so a CUDA graph of it replays at any length."""
-        q, k, v, gate = self._qkv(x, cos, sin)
-        cache.write_at(layer_id, positions, k, v)
-        slot = cache.slot(layer_id)
-        out = block_attention(q, cache.k[slot], cache.v[slot], length, causal, window)
-        return self._output(x, out, gate)
-
-    def _qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """q, k (roped) and v, [B, n, T, d] each, and the output gate [B, T, nq*d] if any."""
-        a = self.args
-        bsz, t, _ = x.shape
-        h = rms_norm(x, self.attn_norm, a.rms_norm_eps)
-        qkv = linear(h, self.wqkv, self.bqkv)
-        nq, nkv, d, rows = a.num_heads, a.num_kv_heads, a.head_dim, self.q_rows
-        v = qkv[..., rows + nkv * d :].view(bsz, t, nkv, d).transpose(1, 2)
-        gate = None
-        if a.attn_output_gate:  # per head: d query channels, then d gate channels
-            q_gate = qkv[..., :rows].view(bsz, t, nq, 2 * d)
-            gate = q_gate[..., d:].reshape(bsz, t, nq * d)
-            k = qkv[..., rows : rows + nkv * d].view(bsz, t, nkv, d)
-            qk = torch.cat((q_gate[..., :d], k), dim=2)
-        else:
-            qk = qkv[..., : (nq + nkv) * d].view(bsz, t, nq + nkv, d)
-        if a.rope_dim < d:  # partial rotary (Qwen3.5): norms, then RoPE on the first channels
-            q = rms_norm(qk[:, :, :nq], self.q_norm, a.rms_norm_eps)
-            k = rms_norm(qk[:, :, nq:], self.k_norm, a.rms_norm_eps)
-            qk = apply_partial_rope(torch.cat((q, k), dim=2), cos, sin)
-        elif self.q_norm is not None:  # q and k heads together: one set of ops (or one kernel)
-            qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, a.rms_norm_eps)
-        else:
-            qk = apply_rope(qk, cos, sin)
-        return qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2), v, gate
-
-    def _output(
-        self, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor | None = None
-    ) -> torch.Tensor:  # [B, T, H]
-        """Output gate, projection, residual, MLP: what follows attention (`out`:
-        [B, nq, T, d])."""
-        bsz, t, _ = x.shape
-        out = out.transpose(1, 2).reshape(bsz, t, -1)
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
-        return residual_mlp(self, x, linear(out, self.wo, self.bo))
-
-
-def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the first cos.shape[-1] channels of each head; the rest pass through."""
-    r = cos.shape[-1]
-    return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
 class Transformer(nn.Module):
@@ -172,23 +49,25 @@ class Transformer(nn.Module):
         dev = torch.device(device)
         self.args = args
         self.dtype = dtype
-        self.embed = new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
-        self.layers = nn.ModuleList(_layer(args, i, dtype, dev) for i in range(args.num_layers))
+        self.family = family = family_of(args)
+        w = dict(dtype=dtype, device=dev)
+        self.embed = DenseWeight(args.vocab_size, args.hidden_size, **w)
+        self.layers = nn.ModuleList(
+            family.layer(args, i, dtype, dev) for i in range(args.num_layers)
+        )
         self.norm = norm_weight(args, dtype, dev)(args.hidden_size)
         self.lm_head = (
-            self.embed  # tied: the same storage
+            self.embed  # tied: the same weight
             if args.tie_word_embeddings
-            else new_weight(args.vocab_size, args.hidden_size, dtype=dtype, device=dev)
+            else DenseWeight(args.vocab_size, args.hidden_size, **w)
         )
-        # RoPE tables [capacity, d], one per distinct (RoPE, width) among the layers (Gemma
-        # 4's sliding and global layers differ); layer i reads table `_rope_of[i]`
-        g = args.gemma
-        specs = [(args.rope, args.rope_dim) if g is None else (g.rope(i), g.head_dims[i])
-                 for i in range(args.num_layers)]  # fmt: skip
+        # RoPE tables [capacity, d], one per distinct (RoPE, width) among the layers (kinds
+        # of layer may differ); layer i reads table `_rope_of[i]`
+        specs = [family.rope(args, i) for i in range(args.num_layers)]
         self._ropes = list(dict.fromkeys(specs)) or [(args.rope, args.rope_dim)]
         self._rope_of = [self._ropes.index(spec) for spec in specs]
         self._tables = [(torch.empty(0, d, dtype=dtype, device=dev),) * 2 for _, d in self._ropes]
-        self.windows = tuple(None if g is None else g.window(i) for i in range(args.num_layers))
+        self.windows = tuple(family.window(args, i) for i in range(args.num_layers))
         # Gemma: the sqrt(hidden) scale rounded to the model dtype first, as transformers does
         self._embed_scale = (
             None if args.embed_scale is None else torch.tensor(args.embed_scale).to(dev, dtype)
@@ -208,26 +87,37 @@ class Transformer(nn.Module):
                 rope_tables(rope, d, capacity, dtype=self.dtype, device=self.device)
                 for rope, d in self._ropes
             ]
-        if a.gemma is not None:
-            return new_gemma4_cache(a, batch, capacity, dtype=self.dtype, device=self.device)
-        if a.hybrid is not None:
-            return HybridCache(
-                a, batch=batch, capacity=capacity, steps=steps, dtype=self.dtype,
-                device=self.device,
-            )  # fmt: skip
-        return StaticKVCache(
-            num_layers=a.num_layers,
-            batch=batch,
-            num_kv_heads=a.num_kv_heads,
-            head_dim=a.head_dim,
-            capacity=capacity,
-            dtype=self.dtype,
-            device=self.device,
+        return self.family.new_cache(
+            a, batch=batch, capacity=capacity, steps=steps, dtype=self.dtype, device=self.device
         )
+
+    def plan(self, prefix: str) -> Plan:
+        """The checkpoint's tensors of this model, the backbone's under `prefix`."""
+        a = self.args
+        yield Row(prefix + "embed_tokens.weight", self.embed, (a.vocab_size, a.hidden_size))
+        yield Row(prefix + "norm.weight", self.norm, (a.hidden_size,))
+        if not a.tie_word_embeddings:
+            yield Row("lm_head.weight", self.lm_head, (a.vocab_size, a.hidden_size))
+        for i, layer in enumerate(self.layers):
+            yield from layer.plan(f"{prefix}layers.{i}.")
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the weights hold, each storage once (memory figures)."""
+        return held_tensors(self)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the weights hold in memory (a tied head once)."""
+        return resident_bytes(self)
+
+    @property
+    def weights_identity(self) -> str:
+        """How the weights are stored, e.g. "dense-bfloat16" (cost tables depend on it)."""
+        return weights_identity(self)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
         """Token embeddings as the first layer sees them (Gemma: scaled by sqrt(hidden))."""
-        x = F.embedding(tokens, self.embed)
+        x = self.embed.lookup(tokens)
         return x if self._embed_scale is None else x * self._embed_scale
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V]
@@ -239,7 +129,7 @@ class Transformer(nn.Module):
         target's final logit softcapping (Gemma: tanh(x / c) * c), so drafters drafting
         through it see the target's capped logits (greedy argmax is the same either way;
         sampling is not)."""
-        return self.softcap(linear(normed, self.lm_head, None))
+        return self.softcap(self.lm_head(normed))
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
         """The final logit softcapping alone (for logits of a trimmed head's rows)."""
@@ -331,16 +221,6 @@ class Transformer(nn.Module):
             if i in taps:
                 tapped[i] = x
         return ForwardOutput(logits=self.logits(x), taps=tapped)
-
-
-def _layer(args: ModelArgs, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Layer i: attention, a Gated DeltaNet layer where a hybrid target has one, or a
-    Gemma 4 layer (sliding-window or global attention, with its own shape)."""
-    if args.gemma is not None:
-        return Gemma4Layer(args, i, dtype, device)
-    if args.hybrid is not None and args.hybrid.linear(i):
-        return GatedDeltaNetLayer(args, dtype, device)
-    return DecoderLayer(args, dtype, device)
 
 
 def attention_mask(

@@ -82,7 +82,7 @@ def block_forward(
         mask = visible if window is None else visible & (offset.abs() < window)
         if net.args.causal[i]:  # and, causal ones, no later slot of their block
             mask = mask & (offset >= 0)
-        wq, wk, wv = layer.wqkv.split([nq * d, nkv * d, nkv * d])
+        wq, wk, wv = layer.wqkv.dense().split([nq * d, nkv * d, nkv * d])
         hn = rms_norm(x, layer.attn_norm, eps)
         q = rms_norm(F.linear(hn, wq).view(1, a * b, nq, d), layer.q_norm, eps)
         q = apply_rope(q, qcos, qsin)[0]  # [A*B, nq, d]
@@ -95,7 +95,8 @@ def block_forward(
         k = k.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)  # [nq, keys, d]
         v = v.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask)
-        x = x + F.linear(out.transpose(0, 1).reshape(a * b, nq * d), layer.wo)
-        gate, up = F.linear(rms_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, -1)
-        x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        x = x + F.linear(out.transpose(0, 1).reshape(a * b, nq * d), layer.wo.dense())
+        normed = rms_norm(x, layer.ffn_norm, eps)
+        gate, up = F.linear(normed, layer.w_gate_up.dense()).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, layer.w_down.dense())
     return rms_norm(x, net.norm, eps).view(a, b, h)

@@ -1,7 +1,8 @@
 """Write trained drafters in the public formats, so `--drafter DIR` and other engines load
 them: z-lab's `DFlashDraftModel` layout, or DeepSpec's `Qwen3DSparkModel` layout (without
 its copies of the target's embedding and LM head, which every loader can take from the
-target). Fused buffers are split back into the HF tensor names."""
+target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
+fused matrices split back into the HF tensor names the loader reads."""
 
 from __future__ import annotations
 
@@ -13,39 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from specgen.config import RopeArgs
-from specgen.hf_configs import GEMMA4_DEFAULTS
 from specgen.models.dflash import DFlashNet
 from specgen.models.dspark import DSparkNet
-
-
-def _layer_tensors(net: DFlashNet) -> dict[str, torch.Tensor]:
-    la = net.args.layers
-    q_rows, kv_rows = la.num_heads * la.head_dim, la.num_kv_heads * la.head_dim
-    out = {
-        "fc.weight": net.fc,
-        "hidden_norm.weight": net.hidden_norm,
-        "norm.weight": net.norm,
-    }
-    for i, layer in enumerate(net.layers):
-        p = f"layers.{i}."
-        q, k, v = layer.wqkv.split([q_rows, kv_rows, kv_rows])
-        gate, up = layer.w_gate_up.chunk(2)
-        out.update(
-            {
-                p + "input_layernorm.weight": layer.attn_norm,
-                p + "post_attention_layernorm.weight": layer.ffn_norm,
-                p + "self_attn.q_proj.weight": q,
-                p + "self_attn.k_proj.weight": k,
-                p + "self_attn.v_proj.weight": v,
-                p + "self_attn.o_proj.weight": layer.wo,
-                p + "self_attn.q_norm.weight": layer.q_norm,
-                p + "self_attn.k_norm.weight": layer.k_norm,
-                p + "mlp.gate_proj.weight": gate,
-                p + "mlp.up_proj.weight": up,
-                p + "mlp.down_proj.weight": layer.w_down,
-            }
-        )
-    return out
+from specgen.models.families.gemma4 import GEMMA4_DEFAULTS
 
 
 def _rope_config(rope: RopeArgs) -> dict[str, Any]:
@@ -168,7 +139,7 @@ def save_drafter(
     backbone = net.backbone if isinstance(net, DSparkNet) else net
     args = backbone.args
     config = _base_config(target_config, backbone)
-    tensors = _layer_tensors(backbone)
+    tensors = {row.key: row.read() for row in net.plan()}
     if isinstance(net, DSparkNet):
         a = net.args
         config.update(
@@ -182,10 +153,6 @@ def save_drafter(
         )
         if a.anchor_first:
             config["num_anchors"] = 512  # its presence marks the anchor-first layout
-        for key, param, _ in net.heads_plan():
-            tensors[key] = param
-        if a.confidence:
-            tensors["confidence_head.proj.bias"] = net.conf_b
     else:
         config.update(
             architectures=["DFlashDraftModel"],

@@ -36,16 +36,8 @@ def random_init(net: DFlashNet | DSparkNet, seed: int) -> None:
 
 
 def init_from_target(net: DFlashNet | DSparkNet, target: Transformer) -> None:
-    if target.args.hybrid is not None or target.args.attn_output_gate:
-        raise SpecgenError(
-            "--init target copies the target's attention layers into the drafter, but this "
-            "target's are Gated DeltaNet and gated-attention layers (Qwen3.5); use --init random"
-        )
-    if target.args.gemma is not None:
-        raise SpecgenError(
-            "--init target copies the target's attention layers into the drafter, but this "
-            "target's are Gemma 4 layers (four norms, their own head dims); use --init random"
-        )
+    if target.family.warm_start_refusal:
+        raise SpecgenError(target.family.warm_start_refusal)
     backbone = net.backbone if isinstance(net, DSparkNet) else net
     taps = backbone.args.target_layer_ids
     top = max(taps)

@@ -126,7 +126,7 @@ class Vocab:
         ids = torch.tensor(used, device=target.device)
         index = torch.full((target.args.vocab_size,), -1, device=target.device)
         index[ids] = torch.arange(len(used), device=target.device)
-        return cls(ids, index, target.lm_head[ids].detach().clone())
+        return cls(ids, index, target.lm_head.lookup(ids).detach().clone())
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return F.linear(normed, self.head)

@@ -1,178 +1,93 @@
-"""Hugging Face `config.json` -> `ModelArgs` (`model_args`): the Llama, Qwen2 and Qwen3
-families directly; the multimodal families, whose published checkpoints nest the text
-backbone's fields in `text_config` beside vision (and audio) towers specgen never reads, by
-their own parsers: Qwen3.5 (hybrid Gated DeltaNet + attention) and Gemma 4 (sliding-window
-+ global attention).
+"""Gemma 4: dense text backbones (google/gemma-4-12B-it, -31B) of sliding-window and global
+attention layers (models/gemma4_layer.py), each kind with its own head dim, KV heads and
+RoPE; KV sharing; embeddings scaled by sqrt(hidden); final logit softcapping.
+
+Published as multimodal checkpoints (`Gemma4ForConditionalGeneration`, or
+`Gemma4UnifiedForConditionalGeneration` for the 12B): text under `model.language_model.`,
+beside vision and audio towers that are never read. Refused in one line: per-layer input
+embeddings (E2B/E4B), MoE blocks (26B-A4B), bidirectional attention, attention biases.
+
+The cache keeps every position of the sliding layers too, not a ring of `window`: rollback
+by length and a chat's prefix reuse stay exact for free, and the static (graph-capturable)
+path addresses keys by absolute position. The cost is memory: a 12B's sliding layers hold
+the whole context instead of 1024 positions; attention still reads only the window (the
+eager path slices it, the Triton kernel skips chunks before it).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from specgen.config import (
-    FAMILIES,
-    FULL,
-    LINEAR,
-    MOE_TYPES,
-    SLIDING,
-    SUPPORTED_ROPE,
-    GemmaArgs,
-    HybridArgs,
-    ModelArgs,
-    RopeArgs,
-)
+import torch
+
+from specgen.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
 from specgen.errors import CheckpointError
+from specgen.models.families.common import token_ids
+from specgen.models.family import MultimodalText, register
+from specgen.models.gemma4_layer import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
+from specgen.models.kv_cache import StaticKVCache
 
 
-def model_args(cfg: dict[str, Any], *, name: str = "model") -> ModelArgs:
-    """A target's `ModelArgs` from its parsed HF config.json; `name` is only used in error
-    messages. Unknown keys are ignored; unsupported features (exotic RoPE scaling,
-    mixture-of-experts layers, per-layer embeddings) are refused in one line rather than
-    silently computed wrong."""
-    model_type = cfg.get("model_type")
-    if model_type in MOE_TYPES or cfg.get("num_experts"):
-        family_name = MOE_TYPES.get(str(model_type), str(model_type))
-        raise CheckpointError(
-            f"{name}: {family_name} mixture-of-experts targets are not supported (specgen "
-            "has no expert layers); the dense models run (e.g. qwen3.5-4b, -9b, -27b)"
-        )
-    family = FAMILIES.get(str(model_type))
-    if family in ("qwen3_5", "gemma4"):
-        return (qwen3_5_from_hf if family == "qwen3_5" else gemma4_from_hf)(cfg, name)
-    if family is None:
-        arch = ", ".join(cfg.get("architectures") or []) or "unknown architecture"
-        raise CheckpointError(
-            f"{name}: unsupported architecture {model_type!r} ({arch}); "
-            f"specgen runs the {', '.join(sorted(FAMILIES))} families"
-        )
-    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-        raise CheckpointError(f"{name}: sliding-window attention targets are not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{name}: unsupported activation {cfg.get('hidden_act')!r}")
-    try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        attention_bias = bool(cfg.get("attention_bias", False))
-        return ModelArgs(
-            family=family,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_positions=int(cfg.get("max_position_embeddings", 4096)),
-            rope=_rope_from_hf(cfg, name),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            # Qwen2 always biases q/k/v (never o); Llama and Qwen3 follow attention_bias.
-            qkv_bias=True if family == "qwen2" else attention_bias,
-            o_bias=False if family == "qwen2" else attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=family == "qwen3",
-            eos_token_ids=_ids(cfg.get("eos_token_id")),
-            bos_token_id=cfg.get("bos_token_id"),
-        )
-    except KeyError as e:
-        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
-
-def _rope_from_hf(cfg: dict[str, Any], name: str) -> RopeArgs:
-    # transformers 5 writes `rope_parameters` (theta inside); older configs have
-    # `rope_theta` at the top and `rope_scaling` for the scaling variant.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    merged = {**scaling, **params}
-    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-    if kind not in SUPPORTED_ROPE:
-        raise CheckpointError(f"{name}: unsupported RoPE scaling {kind!r}")
-    return RopeArgs(
-        theta=float(theta),
-        kind=kind,
-        factor=float(merged.get("factor", 1.0)),
-        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        original_max_positions=int(merged.get("original_max_position_embeddings", 8192)),
+class Gemma4(MultimodalText):
+    name = "gemma4"
+    model_types = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+    warm_start_refusal = (
+        "--init target copies the target's attention layers into the drafter, but this "
+        "target's are Gemma 4 layers (four norms, their own head dims); use --init random"
     )
 
+    def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs:
+        return parse_gemma4(cfg, name)
 
-def qwen3_5_from_hf(cfg: dict[str, Any], name: str) -> ModelArgs:
-    """Qwen3.5's text backbone: from `text_config` of the multimodal checkpoint (the vision
-    tower is never read), or from a text-only config."""
-    text = cfg.get("text_config") or cfg
-    if not isinstance(text, dict):
-        raise CheckpointError(f"{name}: config.json has a malformed text_config")
-    if text.get("num_experts"):
-        return model_args({**text, "model_type": "qwen3_5_moe"}, name=name)
-    try:
-        layers = int(text["num_hidden_layers"])
-        types = tuple(text.get("layer_types") or _default_layer_types(text, layers))
-        if len(types) != layers or set(types) - {LINEAR, FULL}:
-            raise CheckpointError(
-                f"{name}: layer_types must give {LINEAR!r} or {FULL!r} for each of the "
-                f"{layers} layers (got {list(types)})"
-            )
-        hybrid = HybridArgs(
-            layer_types=types,
-            conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
-            key_heads=int(text.get("linear_num_key_heads", 16)),
-            value_heads=int(text.get("linear_num_value_heads", 32)),
-            key_dim=int(text.get("linear_key_head_dim", 128)),
-            value_dim=int(text.get("linear_value_head_dim", 128)),
+    def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):
+        return GemmaLayer(layer_shape(args, index), dtype, device)
+
+    def rope(self, args: ModelArgs, index: int) -> tuple[RopeArgs, int]:
+        return args.gemma.rope(index), args.gemma.head_dims[index]
+
+    def window(self, args: ModelArgs, index: int) -> int | None:
+        return args.gemma.window(index)
+
+    def new_cache(self, args, *, batch, capacity, steps, dtype, device) -> StaticKVCache:
+        """One cache slot per layer with K/V of its own, shaped as that layer; a KV-shared
+        layer maps to its source layer's slot. Every position is kept (module docstring)."""
+        g = args.gemma
+        own = [i for i in range(args.num_layers) if not g.shares_kv(i)]
+        return StaticKVCache(
+            num_layers=len(own),
+            batch=batch,
+            num_kv_heads=[g.kv_heads[i] for i in own],
+            head_dim=[g.head_dims[i] for i in own],
+            capacity=capacity,
+            dtype=dtype,
+            device=device,
+            slots=[own.index(g.kv_source[i]) for i in range(args.num_layers)],
         )
-        if hybrid.value_heads % hybrid.key_heads:
-            raise CheckpointError(
-                f"{name}: linear_num_value_heads {hybrid.value_heads} is not a multiple of "
-                f"linear_num_key_heads {hybrid.key_heads}"
-            )
-        params = text.get("rope_parameters") or {}
-        partial = float(
-            params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-        )
-        base = {**text, "model_type": "qwen3", "rope_parameters": params}
-        base.setdefault("head_dim", 256)
-        base.setdefault("rope_theta", params.get("rope_theta", 10000.0))
-        # the multimodal wrapper decides tying at the top, a text-only config in its own fields
-        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        args = model_args({**base, "tie_word_embeddings": tie}, name=name)
-    except KeyError as e:
-        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
-    rotary = int(args.head_dim * partial)
-    if rotary % 2 or not 0 < rotary <= args.head_dim:
-        raise CheckpointError(
-            f"{name}: partial_rotary_factor {partial} gives no usable rotary size"
-        )
-    eos = args.eos_token_ids or _ids(cfg.get("eos_token_id"))
-    return replace(
-        args,
-        family="qwen3_5",
-        hybrid=hybrid,
-        attn_output_gate=bool(text.get("attn_output_gate", True)),
-        rotary_dim=rotary,
-        norm_offset=True,
-        eos_token_ids=eos,
+
+    def kv_bytes(self, args: ModelArgs, context: int, element_size: int) -> int:
+        """Per layer: its shape, and a sliding layer reads its window only."""
+        g = args.gemma
+        return sum(
+            2 * g.kv_heads[i] * g.head_dims[i] * element_size
+            * min(context, g.window(i) or context)
+            for i in range(args.num_layers)
+        )  # fmt: skip
+
+
+def layer_shape(args: ModelArgs, index: int) -> GemmaShape:
+    g = args.gemma
+    shared = g.shares_kv(index)
+    return GemmaShape(
+        hidden=args.hidden_size,
+        heads=args.num_heads,
+        head_dim=g.head_dims[index],
+        kv_heads=g.kv_heads[index],
+        intermediate=g.intermediate_sizes[index],
+        eps=args.rms_norm_eps,
+        shared=shared,
+        k_is_v=g.k_eq_v and g.layer_types[index] == FULL and not shared,
+        approximate=g.approximate,
     )
-
-
-def _default_layer_types(text: dict[str, Any], layers: int) -> list[str]:
-    """transformers' default: every `full_attention_interval`-th layer is full attention."""
-    interval = int(text.get("full_attention_interval", 4))
-    return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
 
 
 # transformers' Gemma4TextConfig defaults: a config.json may omit any field equal to its
@@ -213,10 +128,9 @@ GEMMA4_ROPE: dict[str, dict[str, Any]] = {
     SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
     FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
 }
-GELU = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_activation -> F.gelu's form
 
 
-def gemma4_from_hf(cfg: dict[str, Any], name: str) -> ModelArgs:
+def parse_gemma4(cfg: dict[str, Any], name: str) -> ModelArgs:
     """Gemma 4's dense text backbone, from `text_config` of a multimodal checkpoint
     (`gemma4`, or `gemma4_unified` as google/gemma-4-12B-it is published; vision and audio
     weights are never read) or from a text-only config (`gemma4_text`,
@@ -256,9 +170,10 @@ def gemma4_from_hf(cfg: dict[str, Any], name: str) -> ModelArgs:
             rope=gemma.rope(base),
             tie_word_embeddings=bool(tie),
             qk_norm=True,
-            eos_token_ids=_ids(t["eos_token_id"]),
+            eos_token_ids=token_ids(t["eos_token_id"]),
             bos_token_id=t["bos_token_id"],
             gemma=gemma,
+            fp32_norms=True,
             embed_scale=hidden**0.5,
             logit_softcap=None if cap is None else float(cap),
         )
@@ -287,16 +202,6 @@ def _refuse_gemma4_variants(t: dict[str, Any], name: str) -> None:
         raise CheckpointError(f"{name}: Gemma 4 with bidirectional attention is not a decoder")
     if t["hidden_activation"] not in GELU:
         raise CheckpointError(f"{name}: unsupported activation {t['hidden_activation']!r}")
-
-
-def gemma4_mlp_widths(
-    intermediate: int, layers: int, shared: int, double_wide: bool
-) -> tuple[int, ...]:
-    """Each layer's MLP width, transformers' Gemma4TextMLP rule: the layers at or past
-    num_layers - num_kv_shared_layers (when that is > 0) are KV-shared and, under
-    `use_double_wide_mlp`, twice as wide."""
-    first = layers - shared
-    return tuple(intermediate * (2 if double_wide and i >= first > 0 else 1) for i in range(layers))
 
 
 def _gemma4_layers(t: dict[str, Any], name: str) -> GemmaArgs:
@@ -343,7 +248,7 @@ def _gemma4_layers(t: dict[str, Any], name: str) -> GemmaArgs:
         sliding_rope=_gemma4_rope(ropes, SLIDING, name),
         global_rope=_gemma4_rope(ropes, FULL, name),
         kv_source=tuple(source),
-        intermediate_sizes=gemma4_mlp_widths(
+        intermediate_sizes=gemma_mlp_widths(
             int(t["intermediate_size"]), layers, shared, bool(t["use_double_wide_mlp"])
         ),
         k_eq_v=bool(t["attention_k_eq_v"]),
@@ -388,3 +293,6 @@ def _gemma4_rope(ropes: dict[str, Any], kind: str, name: str) -> RopeArgs:
         factor=float(params.get("factor", 1.0)),
         partial=float(params.get("partial_rotary_factor", 1.0)),
     )
+
+
+GEMMA4 = register(Gemma4())

@@ -19,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 TINY_VOCAB = 320
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -43,7 +43,7 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
 
 
 def hf_config(family: str, **overrides):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=TINY_VOCAB,
@@ -65,6 +65,8 @@ def hf_config(family: str, **overrides):
         return LlamaConfig(head_dim=16, **common)
     if family == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
+    if family == "mistral":
+        return MistralConfig(head_dim=16, sliding_window=None, **common)
     return Qwen3Config(head_dim=16, use_sliding_window=False, **common)
 
 

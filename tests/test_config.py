@@ -83,6 +83,7 @@ def test_llama3_rope_scaling_is_read():
         ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "unsupported architecture"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported RoPE"),
         ({"use_sliding_window": True, "sliding_window": 4096}, "sliding-window"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window"),  # Mistral v0.1
         ({"hidden_act": "gelu"}, "unsupported activation"),
         ({"hidden_size": None}, "malformed"),
     ],
@@ -90,6 +91,11 @@ def test_llama3_rope_scaling_is_read():
 def test_unsupported_configs_are_refused(change, message):
     with pytest.raises(CheckpointError, match=message):
         model_args({**QWEN3_4B, **change}, name="m")
+
+
+def test_a_mistral_config_is_a_llama_shaped_target():
+    args = model_args({**QWEN3_4B, "model_type": "mistral", "sliding_window": None}, name="m")
+    assert args.family == "mistral" and not (args.qk_norm or args.qkv_bias or args.o_bias)
 
 
 def test_missing_field_is_named():

@@ -31,6 +31,11 @@ class LinearWeight(nn.Module):
     def from_dense(cls, weight: DenseWeight) -> LinearWeight:
         raise NotImplementedError
 
+    def __call__(self, x: torch.Tensor, bias=None, rows: slice | None = None) -> torch.Tensor:
+        # straight to forward: a decode step makes hundreds of these calls, and nn.Module's
+        # hook machinery (never used on weights) would cost each one a few microseconds
+        return self.forward(x, bias, rows)
+
 
 class DenseWeight(LinearWeight):
     """A [out, in] matrix held as it multiplies (fp32, bf16 or fp16)."""

@@ -33,8 +33,10 @@ Examples:
 
 
 @run_options(
-    "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
-    "device", "dtype", "context", "think", "quiet", "threads", "measure_costs", "debug",
+    "model", "sampling", "engine", "target", "output", "runtime",
+    # its own --methods and --drafter choose what runs; it samples by --temperature
+    # alone; no live view to colour
+    without=("top_p", "top_k", "show_drafts"),
     max_new_tokens=128, seed=0,
     helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
 )  # fmt: skip

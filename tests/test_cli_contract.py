@@ -68,6 +68,25 @@ def test_help_says_what_each_command_does_with_the_shared_options():
     assert "mean of the last 20" in " ".join(run("train", "--help").stdout.split())
 
 
+def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
+    from specgen.cli.options import DEFAULTS, GROUPS, run_options
+    from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
+    from specgen.serve.openai_api import Defaults
+
+    sampling, spec = SamplingParams(), SpecConfig()
+    assert [DEFAULTS[n] for n in GROUPS["sampling"]] == [
+        DEFAULT_MAX_NEW_TOKENS, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+    ]  # fmt: skip
+    assert Defaults().max_tokens == DEFAULT_MAX_NEW_TOKENS
+    assert [DEFAULTS[n] for n in GROUPS["engine"]] == [
+        str(spec.verify_policy), spec.engine, spec.cuda_graphs
+    ]
+    for bad in (dict(picks=("sampling", "top_p")), dict(picks=("colour",)),
+                dict(picks=("sampling",), without=("quiet",))):  # fmt: skip
+        with pytest.raises(ValueError):
+            run_options(*bad["picks"], without=bad.get("without", ()))
+
+
 # --- options that contradict each other: one line, before anything is loaded --------------
 
 

@@ -106,8 +106,17 @@ def test_missing_field_is_named():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}]
-)
+    "kwargs",
+    [
+        {"temperature": -1.0}, {"temperature": 2.5}, {"top_k": -2}, {"top_p": 0.0},
+        {"top_p": 1.5}, {"seed": 2**64}, {"seed": -(2**63) - 1},
+    ],
+)  # fmt: skip
 def test_bad_sampling_params(kwargs):
     with pytest.raises(SpecgenError):
         SamplingParams(**kwargs)
+
+
+def test_sampling_bounds_edges_pass_and_top_k_minus_one_is_off():
+    assert SamplingParams(temperature=2.0, top_p=1.0, seed=2**64 - 1).temperature == 2.0
+    assert SamplingParams(top_k=-1).top_k == 0  # the servers' "off"

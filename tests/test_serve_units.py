@@ -116,6 +116,19 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(body, param):
     assert "\n" not in e.message
 
 
+@pytest.mark.parametrize(
+    "field, value, option",
+    [("temperature", 2.5, "--temperature"), ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
+     ("seed", 2**64, "--seed"), ("max_tokens", 0, "--max-new-tokens")],
+)  # fmt: skip
+def test_the_server_holds_requests_to_the_command_lines_rule(field, value, option):
+    """One rule in the library: a request's field and the option that sets its default are
+    refused alike, in the same words (each named as its own interface calls it)."""
+    e = error(messages=MSG, **{field: value})
+    result = run("serve", "--model", "gpt-9", option, str(value))
+    assert_one_line_error(result, 2, e.message.replace(field, option, 1))
+
+
 def test_harmless_fields_pass():
     parsed(
         messages=MSG, user="u", logprobs=False, top_logprobs=0, presence_penalty=0.0,

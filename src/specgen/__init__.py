@@ -5,7 +5,7 @@ Public API:
     Pipeline.generate(prompt, ...) -> Completion
     Pipeline.stream(prompt, ...) -> Iterator[Chunk]
     SamplingParams(temperature, top_k, top_p, seed)
-    SpecConfig(method="ar" | "ngram" | "dflash" | "dspark" | "stacked", drafter, ...)
+    SpecConfig(method=AR | "ngram" | "dflash" | "dspark" | "stacked", drafter, ...)  (AR = "ar")
     Pipeline.with_spec(spec) -> another method on the same loaded target
 """
 
@@ -21,12 +21,14 @@ if "OMP_WAIT_POLICY" not in os.environ:
 
 from specgen.config import ModelArgs, SamplingParams, SpecConfig
 from specgen.errors import SpecgenError
+from specgen.methods import AR
 from specgen.pipeline import Chunk, Completion, Pipeline
 from specgen.stats import GenStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AR",
     "Chunk",
     "Completion",
     "GenStats",

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specgen.errors import SpecgenError
+from specgen.errors import OptionError, SpecgenError
+from specgen.methods import AR
 
 LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's `layer_types`
 SLIDING = "sliding_attention"  # Gemma 4's other layer type
 
 ENGINES = ("auto", "overlap", "sync")  # see engine/overlap.py and engine/loop.py
+
+# The answer length when a caller names none: the library's, the CLI's and the server's.
+DEFAULT_MAX_NEW_TOKENS = 256
+# The sampling bounds, one rule for every caller (CLI flags, server request fields);
+# temperature stops at OpenAI's 2, where sampling is close to uniform anyway.
+MAX_TEMPERATURE = 2.0
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -130,16 +138,28 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise SpecgenError(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.top_k < 0:
-            raise SpecgenError(f"--top-k must be >= 0 (got {self.top_k})")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            rule = f"must be in [0, {MAX_TEMPERATURE:g}]"
+            raise OptionError("temperature", rule, self.temperature)
+        if self.top_k < -1:
+            raise OptionError("top_k", "must be >= 0 (or -1: off)", self.top_k)
+        if self.top_k == -1:  # vLLM's and other servers' "off"
+            object.__setattr__(self, "top_k", 0)
         if not 0.0 < self.top_p <= 1.0:
-            raise SpecgenError(f"--top-p must be in (0, 1] (got {self.top_p})")
+            raise OptionError("top_p", "must be in (0, 1]", self.top_p)
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise OptionError("seed", "must be a 64-bit integer", self.seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def checked_max_new_tokens(n: int) -> int:
+    """`n` as an answer length (the rule every caller shares)."""
+    if n < 1:
+        raise OptionError("max_new_tokens", "must be at least 1", n)
+    return n
 
 
 VERIFY_POLICIES = ("cost", "full", "threshold")  # --verify-policy (see VerifyPolicy)
@@ -186,7 +206,7 @@ class VerifyPolicy:
 class SpecConfig:
     """Which decoding method runs, and its drafting knobs.
 
-    `method` is "ar" (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
+    `method` is `AR` (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
     `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry,
     or a tuple of them for a method that mounts several (stacked).
     `draft_tokens` caps the tokens drafted per step (None: the method's default).
@@ -205,7 +225,7 @@ class SpecConfig:
     device (models/graphs.py); False keeps the eager forward. Ignored on the CPU.
     """
 
-    method: str = "ar"
+    method: str = AR
     drafter: str | tuple[str, ...] | None = None
     draft_tokens: int | None = None
     block_size: int | None = None
@@ -224,6 +244,11 @@ class SpecConfig:
         if isinstance(self.verify_policy, str):
             object.__setattr__(self, "verify_policy", VerifyPolicy.parse(self.verify_policy))
         if self.draft_tokens is not None and self.draft_tokens < 1:
-            raise SpecgenError(f"--draft-tokens must be at least 1 (got {self.draft_tokens})")
+            raise OptionError("draft_tokens", "must be at least 1", self.draft_tokens)
         if self.block_size is not None and self.block_size < 2:
-            raise SpecgenError(f"--block-size must be at least 2 (got {self.block_size})")
+            raise OptionError("block_size", "must be at least 2", self.block_size)
+
+    @property
+    def is_ar(self) -> bool:
+        """Plain decoding (with a drafter given, `checked_spec` reads the drafter's kind)."""
+        return self.method == AR

@@ -23,3 +23,17 @@ class CheckpointError(SpecgenError):
 
 class PromptError(SpecgenError):
     """A prompt that cannot be used: empty, not UTF-8, or longer than the context."""
+
+
+class OptionError(SpecgenError):
+    """An option's value outside its range (the one rule, checked in the library).
+
+    The message names it as the command line does (`--top-p`); a caller that calls it
+    otherwise (the server's `top_p`, `max_tokens`) says the same rule with `said_as`."""
+
+    def __init__(self, option: str, rule: str, value: object) -> None:
+        self.option, self.rule, self.value = option, rule, value
+        super().__init__(self.said_as("--" + option.replace("_", "-")))
+
+    def said_as(self, name: str) -> str:
+        return f"{name} {self.rule} (got {self.value})"

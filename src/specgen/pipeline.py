@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
 from specgen.device import resolve_device, resolve_dtype
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostCheck, cached_costs
@@ -87,7 +87,7 @@ class Pipeline:
         spec = spec or SpecConfig()
         if method is None:
             spec = checked_spec(spec, name)
-            if spec.method != "ar":
+            if not spec.is_ar:
                 method = load_method(model, spec, name)
         self.spec = spec
         self.method = method
@@ -134,7 +134,7 @@ class Pipeline:
         codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
         context = context or min(limit, DEFAULT_CONTEXT)
         # plain AR keeps the spec too: its engine, CUDA graphs and tracing settings
-        ar = spec if spec.method == "ar" else None
+        ar = spec if spec.is_ar else None
         base = cls(target, codec, resolved.name, context, ar, source=str(resolved.path))
         if ar is not None:
             return base
@@ -155,7 +155,7 @@ class Pipeline:
         `engine.costs.CostCheck`). `costs` given instead (fixed prices for tests, another
         machine's for what-if runs) are used as they are, for the drafters it mounts."""
         spec = checked_spec(spec, self.name)
-        if spec.method == "ar":
+        if spec.is_ar:
             return Pipeline(
                 self.model, self.codec, self.name, self.context, spec, source=self.source
             )
@@ -271,7 +271,7 @@ class Pipeline:
         prompt: Prompt,
         *,
         sampling: SamplingParams | None = None,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         raw: bool = False,
         think: bool | None = None,
         session: Session | None = None,
@@ -287,7 +287,7 @@ class Pipeline:
         prompt_ids: list[int],
         *,
         sampling: SamplingParams | None = None,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         session: Session | None = None,
     ) -> Iterator[Chunk]:
         if max_new_tokens < 1:
@@ -333,7 +333,7 @@ class Pipeline:
         prompt: Prompt,
         *,
         sampling: SamplingParams | None = None,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         raw: bool = False,
         think: bool | None = None,
         session: Session | None = None,

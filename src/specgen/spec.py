@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specgen.config import SpecConfig
-from specgen.drafting import DRAFTERS, Checkpoint, DraftMethod, method_of
+from specgen.drafting import DRAFTERS, METHODS, Checkpoint, DraftMethod, method_of
 from specgen.errors import CheckpointError, SpecgenError
 from specgen.hub import Notify, resolve_drafter
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS
-
-METHODS = ("ar", *DRAFTERS)  # what --method accepts: plain decoding + registered drafters
 
 
 def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
@@ -20,15 +18,15 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     has them (the registry's for `model` when none were given)."""
     if spec.method not in METHODS:
         raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
-    if spec.method == "ar" and isinstance(spec.drafter, tuple):  # the method mounting as many
+    if spec.is_ar and isinstance(spec.drafter, tuple):  # the method mounting as many
         fits = [m for m, cls in DRAFTERS.items() if cls.drafters_needed == len(spec.drafter)]
         if not fits:
             raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
         spec = replace(spec, method=fits[0])
-    elif spec.drafter is not None and spec.method == "ar":  # the drafter says what it is
+    elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
         drafter_dir = resolve_drafter(spec.drafter)
         spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
-    if spec.method == "ar":
+    if spec.is_ar:
         return spec
     cls = DRAFTERS[spec.method]
     if spec.drafter is not None and len(_sources(spec)) != cls.drafters_needed:

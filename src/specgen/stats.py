@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.events import StepEvent
+from specgen.methods import AR
 
 
 @dataclass
@@ -31,7 +32,7 @@ class GenStats:
     by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [steps, accepted]
     finish_reason: str | None = None
     trace: list[dict[str, Any]] | None = None  # one record per step when tracing is on
-    method: str = "ar"  # the drafter's name in traces and shapes when a step names none
+    method: str = AR  # the drafter's name in traces and shapes when a step names none
     # each decoding step after the prefill: (tokens of context before it, the drafter that
     # drafted it or None, tokens proposed, its verify length, tokens it committed), which
     # bench/modeled.py prices

@@ -33,6 +33,7 @@ from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
 from specgen.config import SamplingParams
 from specgen.engine.session import Session
+from specgen.methods import AR
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import modeled
 from specgen.stats import GenStats
@@ -86,10 +87,10 @@ def run_bench(
     think: bool | None = None,
 ) -> BenchRun:
     """Run every pipeline and endpoint on every prompt. `pipes`, unless empty (endpoints
-    only), must contain "ar" (a Pipeline); "hf" may be transformers' own generate on the
+    only), must contain `AR` (a Pipeline); "hf" may be transformers' own generate on the
     same checkpoint. `think`: the chat template's thinking mode (None: the model's)."""
     endpoints = endpoints or {}
-    if pipes and not isinstance(pipes.get("ar"), Pipeline):
+    if pipes and not isinstance(pipes.get(AR), Pipeline):
         raise ValueError("the benchmark needs the AR baseline")
     if not pipes and not endpoints:
         raise ValueError("nothing to benchmark")
@@ -97,7 +98,7 @@ def run_bench(
         raise ValueError("repeats must be >= 1")
     result = BenchRun()
     names = [*pipes, *endpoints]
-    ar = pipes.get("ar")
+    ar = pipes.get(AR)
     assert ar is None or isinstance(ar, Pipeline)
     fresh = _FreshSessions()
     prices = prices_of(p.costs for p in pipes.values() if isinstance(p, Pipeline))
@@ -249,13 +250,13 @@ def _compare(
     ids: list[int],
     answers: dict[str, PromptRun],
 ) -> None:
-    want = answers["ar"].tokens
+    want = answers[AR].tokens
     for name, run in answers.items():
-        if name == "ar":
+        if name == AR:
             continue
         result.compared[name] = result.compared.get(name, 0) + 1
         if run.remote and not run.tokens:  # no token ids from this server: its text
-            if run.text == answers["ar"].text:
+            if run.text == answers[AR].text:
                 result.identical[name] = result.identical.get(name, 0) + 1
                 continue
             pos = _text_divergence(ar, want, run.text)

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from specgen.bench.harness import BenchRun, PromptRun
 from specgen.errors import SpecgenError
+from specgen.methods import AR
 
 ALL = "all"
 
@@ -137,7 +138,7 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
             results[m][c] = _aggregate(picked)
     for m in methods:
         for c, row in results[m].items():
-            ar = results.get("ar", {}).get(c, {})  # endpoints alone: no baseline, no speedup
+            ar = results.get(AR, {}).get(c, {})  # endpoints alone: no baseline, no speedup
             base = ar.get("tokens_per_second")
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
             rate, base = row["modeled_tokens_per_second"], ar.get("modeled_tokens_per_second")
@@ -203,7 +204,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         for c in [*summary["categories"], ALL]:
             row = summary["results"][m][c]
             same = "-"
-            if m != "ar" and m in lossless:
+            if m != AR and m in lossless:
                 bad = [d for d in lossless[m]["divergences"] if c in (ALL, d["category"])]
                 same = f"{row['prompts'] - len(bad)}/{row['prompts']}"
             table.add_row(
@@ -231,7 +232,7 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
     histogram, one line each."""
     lines = []
     for m in summary["methods"]:
-        if m == "ar":
+        if m == AR:
             continue
         row = summary["results"][m][ALL]
         if "tau_source" in row:  # an endpoint: what its server said
@@ -253,12 +254,12 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
 def plot(summary: dict[str, Any], path: str) -> None:
     """Speedup and τ per category, and the tokens-per-step histogram, as a PNG."""
     plt = pyplot()
-    methods = [m for m in summary["methods"] if m != "ar"] or ["ar"]
+    methods = [m for m in summary["methods"] if m != AR] or [AR]
     cats = [*summary["categories"], ALL]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     width = 0.8 / len(methods)
     # endpoints alone have no AR to divide by: their tokens/s instead
-    key, first = ("speedup", "speedup vs AR") if "ar" in summary["methods"] else (
+    key, first = ("speedup", "speedup vs AR") if AR in summary["methods"] else (
         "tokens_per_second", "tokens/s")  # fmt: skip
     for i, m in enumerate(methods):
         xs = [j + i * width for j in range(len(cats))]

@@ -12,6 +12,7 @@ from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
 from specgen.errors import SpecgenError
+from specgen.methods import AR
 
 if TYPE_CHECKING:
     from specgen.bench.endpoint import EndpointClient
@@ -32,8 +33,10 @@ Examples:
 
 
 @run_options(
-    "model", "max_new_tokens", "temperature", "seed", "verify_policy", "engine", "cuda_graphs",
-    "device", "dtype", "context", "think", "quiet", "threads", "measure_costs", "debug",
+    "model", "sampling", "engine", "target", "output", "runtime",
+    # its own --methods and --drafter choose what runs; it samples by --temperature
+    # alone; no live view to colour
+    without=("top_p", "top_k", "show_drafts"),
     max_new_tokens=128, seed=0,
     helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
 )  # fmt: skip
@@ -145,7 +148,7 @@ def bench(
                     endpoints=clients,
                     think=run.think,
                 )
-        ar = pipes.get("ar")
+        ar = pipes.get(AR)
         meta = {
             "model": ar.name if ar else ", ".join(c.endpoint.model for c in clients.values()),
             "device": str(ar.model.device) if ar else None,
@@ -193,7 +196,7 @@ def _ar_roofline(ar, result) -> float | None:
     if ar.model.device.type != "cuda":
         return None
     peak = peak_bandwidth(torch.cuda.get_device_name(ar.model.device))
-    runs = [r for r in result.runs if r.method == "ar" and r.stats.new_tokens > 1]
+    runs = [r for r in result.runs if r.method == AR and r.stats.new_tokens > 1]
     if peak is None or not runs:
         return None
     shares = []
@@ -260,7 +263,7 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
-        names = ["ar", "ngram"] + [
+        names = [AR, "ngram"] + [
             m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_method or m in known)
         ]
     else:
@@ -269,7 +272,7 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
         if unknown:
             available = ", ".join((*METHODS, "hf"))
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
-        names = ["ar"] + [m for m in names if m != "ar"]  # AR is always the baseline
+        names = [AR] + [m for m in names if m != AR]  # AR is always the baseline
     # each method's checkpoints among those given, as it finds its own in a registry entry
     # (stacked: the DFlash and the DSpark one)
     given = {m: DRAFTERS[m].registry_drafter(by_method) for m in names if m in DRAFTERS}
@@ -279,7 +282,7 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
         raise SpecgenError(f"--drafter of kind {unused[0]} given, but --methods has no {unused[0]}")
     notify = None if run.quiet else display.status
     base = run.load(run.spec())  # plain AR, with the run's engine settings
-    pipes = {"ar": base}
+    pipes = {AR: base}
     for name in names[1:]:
         if name == "hf":  # transformers' generate on the same checkpoint and dtype
             from specgen.bench.transformers_baseline import TransformersBaseline

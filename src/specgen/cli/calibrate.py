@@ -22,8 +22,9 @@ from specgen.prompts import read_prompts
 
 
 @run_options(
-    "model", "drafter", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "quiet", "threads", "debug",
+    "model", "drafter", "sampling", "target", "output", "runtime",
+    # always DSpark verifying every draft token: no cost to measure, no live view
+    without=("show_drafts", "measure_costs"),
     max_new_tokens=128, seed=0,
     helps={
         "drafter": "The DSpark drafter to calibrate (directory or Hub repo; default: the "

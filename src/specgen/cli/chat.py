@@ -21,7 +21,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import user_errors
-from specgen.cli.options import Run, run_options
+from specgen.cli.options import GROUPS, Run, run_options
 from specgen.cli.terminal import typing_held
 from specgen.config import SamplingParams
 from specgen.display import plural
@@ -71,12 +71,10 @@ class OnFull(str, Enum):
 
 
 @run_options(
-    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
-    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "show_drafts", "quiet", "threads", "measure_costs", "debug",
+    *GROUPS,
     max_new_tokens=512,
     helps={"quiet": "No live view, status lines or stats: only the answers."},
-)  # fmt: skip
+)
 def chat(
     on_full: Annotated[
         OnFull | None,

@@ -8,13 +8,13 @@ import typer
 
 from specgen import display
 from specgen.cli.common import user_errors
-from specgen.cli.options import DEFAULT_MODEL, DebugOpt, ModelOpt
+from specgen.cli.options import DebugOpt, ModelOpt, Run
 
 
 def export(
     method: Annotated[str, typer.Option("--method", help="dflash or dspark.")],
     engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
-    model: ModelOpt = DEFAULT_MODEL,
+    model: ModelOpt = Run.model,
     drafter: Annotated[
         str | None,
         typer.Option("--drafter", help="Drafter repo or directory (default: the registry's)."),
@@ -24,7 +24,7 @@ def export(
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")] = 1,
     port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8000,
-    debug: DebugOpt = False,
+    debug: DebugOpt = Run.debug,
 ) -> None:
     """Print the command that serves this model and drafter on vLLM or SGLang (and, on
     stderr, the `specgen bench --endpoint` line that measures it)."""

@@ -10,7 +10,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import user_errors
-from specgen.cli.options import JsonOpt, Run, run_options
+from specgen.cli.options import GROUPS, JsonOpt, Run, run_options
 from specgen.config import SamplingParams
 from specgen.errors import PromptError, SpecgenError
 from specgen.live import answer_view
@@ -20,13 +20,6 @@ from specgen.prompts import PromptLine, read_prompts, read_stdin_prompt
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
     from specgen.stats import GenStats
-
-# every shared option: `specgen generate` is the command they are documented on
-SHARED = (
-    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
-    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "show_drafts", "quiet", "threads", "measure_costs", "debug",
-)  # fmt: skip
 
 EXAMPLES = """
 Examples:
@@ -39,7 +32,7 @@ Examples:
 """
 
 
-@run_options(*SHARED)
+@run_options(*GROUPS)  # every shared option: the command they are documented on
 def generate(
     prompt: Annotated[
         str | None, typer.Argument(help="The prompt; omit it to use --prompt-file or stdin.")

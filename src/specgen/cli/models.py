@@ -8,7 +8,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
-from specgen.cli.options import DebugOpt, JsonOpt
+from specgen.cli.options import DebugOpt, JsonOpt, Run
 from specgen.errors import ModelNotFoundError
 from specgen.registry import DEFAULT_ALIAS, MODELS, ModelEntry
 
@@ -23,7 +23,7 @@ def _status(entry: ModelEntry) -> str:
     return "not downloaded"
 
 
-def models(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
+def models(json_out: JsonOpt = False, debug: DebugOpt = Run.debug) -> None:
     """List model aliases, their drafters, and whether they are available offline."""
     with user_errors(debug):
         rows = []
@@ -50,7 +50,7 @@ def pull(
     drafters: Annotated[
         bool, typer.Option("--drafters/--no-drafters", help="Also fetch the alias's drafters.")
     ] = True,
-    debug: DebugOpt = False,
+    debug: DebugOpt = Run.debug,
 ) -> None:
     """Download a model (and its drafters) into the Hugging Face cache, with progress."""
     with user_errors(debug):

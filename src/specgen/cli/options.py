@@ -1,7 +1,12 @@
-"""Options shared by the commands, defined once (DESIGN.md §5).
+"""Options shared by the commands, each declared once (DESIGN.md §5).
 
-`@run_options(...)` gives a command the shared options it names (with its own defaults
-where they differ) and hands them to it as one `Run`, which builds the `SpecConfig`, the
+`Run` is the table: one field per shared option with its flag, help and group beside it,
+its default read from the library's own types (`SamplingParams`, `SpecConfig`, ...), so
+the CLI cannot drift from what the library does when an option is left out.
+
+`@run_options("model", "sampling", ...)` gives a command the groups it takes (or a single
+option of one), with its own defaults and helps where they differ, after its own
+parameters, and hands them to it as one `Run`, which builds the `SpecConfig`, the
 `SamplingParams` and the loaded pipeline the same way for every command.
 """
 
@@ -11,14 +16,22 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    SamplingParams,
+    SpecConfig,
+    VerifyPolicy,
+    checked_max_new_tokens,
+)
+from specgen.drafting import METHODS
 from specgen.errors import SpecgenError
+from specgen.methods import AR
 from specgen.registry import DEFAULT_ALIAS
 
 if TYPE_CHECKING:
@@ -26,199 +39,161 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = DEFAULT_ALIAS
 
-
-def _methods() -> tuple[str, ...]:
-    from specgen.drafting import DRAFTERS
-
-    return ("ar", *DRAFTERS)
-
-
 # Only methods that work are offered: plain AR plus every registered drafter.
-Method = Enum("Method", {name: name for name in _methods()}, type=str)
+Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
 
-def _option(kind: Any, *decls: str, help: str) -> Any:
-    return Annotated[kind, typer.Option(*decls, help=help)]
-
-
-ModelOpt = _option(
-    str,
-    "--model",
-    "-m",
-    help="Alias (see `specgen models`), local directory, .gguf file or Hub repo.",
-)
-DeviceOpt = _option(str, "--device", help="auto, cpu or cuda[:N].")
-JsonOpt = _option(
-    bool, "--json", help="One JSON object per prompt: prompt, text, token_ids, stats."
-)
-DebugOpt = _option(bool, "--debug", help="Show tracebacks for errors.")
-
-OPTIONS: dict[str, tuple[Any, Any]] = {  # name -> (annotation, default)
-    "model": (ModelOpt, DEFAULT_MODEL),
-    # None = not given: plain decoding, or the --drafter's kind (Run.spec tells them apart)
-    "method": (
-        _option(
-            Method | None,
-            "--method",
-            help="Decoding method (ar = no speculation). Default: ar, or the kind of the "
-            "--drafter given.",
-        ),
-        None,
-    ),
-    "drafter": (
-        _option(
-            list[str] | None,
-            "--drafter",
-            help="Drafter checkpoint (directory or Hub repo) instead of the registry's; its kind "
-            "sets --method when that is not given. Give two (DFlash + DSpark) for stacked.",
-        ),
-        None,
-    ),
-    "draft_tokens": (
-        _option(
-            int | None,
-            "--draft-tokens",
-            "-k",
-            help="Most tokens drafted per step (default: per method).",
-        ),
-        None,
-    ),
-    "block_size": (
-        _option(
-            int | None, "--block-size", help="Run a block drafter at a smaller block than trained."
-        ),
-        None,
-    ),
-    "verify_policy": (
-        _option(
-            str,
-            "--verify-policy",
-            help="How many draft tokens each step verifies: cost (best expected tokens/s from "
-            "confidences and measured costs), full, or threshold=X (while each token's "
-            "acceptance estimate is >= X).",
-        ),
-        "cost",
-    ),
-    "engine": (
-        _option(
-            str,
-            "--engine",
-            help="auto (overlap on CUDA, sync on the CPU), overlap (decode in a thread of its "
-            "own, ahead of printing; on CUDA each speculative step is queued before the last "
-            "one's result is read) or sync (the plain loop).",
-        ),
-        "auto",
-    ),
-    "cuda_graphs": (
-        _option(
-            bool,
-            "--cuda-graphs/--no-cuda-graphs",
-            help="On CUDA, replay decode and verify steps as CUDA graphs (off: eager).",
-        ),
-        True,
-    ),
-    "max_new_tokens": (
-        _option(int, "--max-new-tokens", "-n", help="Most tokens to generate per answer."),
-        256,
-    ),
-    "temperature": (_option(float, "--temperature", "-t", help="0 = greedy; > 0 samples."), 0.0),
-    "top_p": (_option(float, "--top-p", help="Nucleus sampling mass (1 = off)."), 1.0),
-    "top_k": (_option(int, "--top-k", help="Sample among the k likeliest (0 = off)."), 0),
-    "seed": (_option(int | None, "--seed", help="Seed for sampling (reproducible runs)."), None),
-    "device": (DeviceOpt, "auto"),
-    "dtype": (
-        _option(
-            str, "--dtype", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16."
-        ),
-        "auto",
-    ),
-    "context": (
-        _option(
-            int | None,
-            "--context",
-            help="KV-cache size in tokens (default: min(model limit, 8192)).",
-        ),
-        None,
-    ),
-    "think": (
-        _option(
-            bool | None,
-            "--think/--no-think",
-            help="The chat template's thinking mode (Qwen3, Qwen3.5). Default: what the "
-            "model's drafters were trained with (`specgen models`: off for Qwen3, on for "
-            "Qwen3.5); the other mode lowers acceptance.",
-        ),
-        None,
-    ),
-    "show_drafts": (
-        _option(
-            bool, "--show-drafts", help="Live view: colour text from accepted draft tokens (cyan)."
-        ),
-        False,
-    ),
-    "quiet": (
-        _option(
-            bool,
-            "--quiet",
-            "-q",
-            help="No live view, status lines or stats: only the answer (or its --json record).",
-        ),
-        False,
-    ),
-    "threads": (
-        _option(
-            int | None,
-            "--threads",
-            help="CPU threads for torch (default: torch's, one per core; OMP_NUM_THREADS "
-            "sets it too).",
-        ),
-        None,
-    ),
-    "measure_costs": (
-        _option(
-            bool,
-            "--measure-costs",
-            help="Measure the step costs the scheduler decides from again, instead of using "
-            "the cached ones (they are also re-measured by themselves when the steps "
-            "disagree with them).",
-        ),
-        False,
-    ),
-    "debug": (DebugOpt, False),
-}
+def _shared(group: str, default: Any, *decls: str, help: str) -> Any:
+    """A `Run` field that is also a command-line option of `group`."""
+    return field(default=default, metadata={"group": group, "option": (decls, help)})
 
 
 @dataclass(frozen=True)
 class Run:
-    """The shared options as one command received them (defaults for those it lacks)."""
+    """The shared options as one command received them (defaults for those it lacks).
 
-    model: str = DEFAULT_MODEL
-    method: Any = None  # a Method when --method was given
-    drafter: list[str] | None = None
-    draft_tokens: int | None = None
-    block_size: int | None = None
-    verify_policy: str = "cost"
-    engine: str = "auto"
-    cuda_graphs: bool = True
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    context: int | None = None
-    think: bool | None = None
-    show_drafts: bool = False
-    quiet: bool = False
-    threads: int | None = None
-    measure_costs: bool = False
-    debug: bool = False
+    Fields are in the order commands list them in their help; groups are runs of them."""
+
+    model: str = _shared(
+        "model",
+        DEFAULT_MODEL,
+        "--model",
+        "-m",
+        help="Alias (see `specgen models`), local directory, .gguf file or Hub repo.",
+    )
+    # -- method: what drafts. None = not given: plain decoding, or the --drafter's kind
+    method: Method | None = _shared(
+        "method",
+        None,
+        "--method",
+        help="Decoding method (ar = no speculation). Default: ar, or the kind of the "
+        "--drafter given.",
+    )
+    drafter: list[str] | None = _shared(
+        "method",
+        None,
+        "--drafter",
+        help="Drafter checkpoint (directory or Hub repo) instead of the registry's; its kind "
+        "sets --method when that is not given. Give two (DFlash + DSpark) for stacked.",
+    )
+    draft_tokens: int | None = _shared(
+        "method",
+        SpecConfig.draft_tokens,
+        "--draft-tokens",
+        "-k",
+        help="Most tokens drafted per step (default: per method).",
+    )
+    block_size: int | None = _shared(
+        "method",
+        SpecConfig.block_size,
+        "--block-size",
+        help="Run a block drafter at a smaller block than trained.",
+    )
+    # -- engine: how each step is verified and run
+    verify_policy: str = _shared(
+        "engine",
+        str(VerifyPolicy()),
+        "--verify-policy",
+        help="How many draft tokens each step verifies: cost (best expected tokens/s from "
+        "confidences and measured costs), full, or threshold=X (while each token's "
+        "acceptance estimate is >= X).",
+    )
+    engine: str = _shared(
+        "engine",
+        SpecConfig.engine,
+        "--engine",
+        help="auto (overlap on CUDA, sync on the CPU), overlap (decode in a thread of its "
+        "own, ahead of printing; on CUDA each speculative step is queued before the last "
+        "one's result is read) or sync (the plain loop).",
+    )
+    cuda_graphs: bool = _shared(
+        "engine",
+        SpecConfig.cuda_graphs,
+        "--cuda-graphs/--no-cuda-graphs",
+        help="On CUDA, replay decode and verify steps as CUDA graphs (off: eager).",
+    )
+    # -- sampling: the answer's length and how its tokens are chosen
+    max_new_tokens: int = _shared(
+        "sampling",
+        DEFAULT_MAX_NEW_TOKENS,
+        "--max-new-tokens",
+        "-n",
+        help="Most tokens to generate per answer.",
+    )
+    temperature: float = _shared(
+        "sampling",
+        SamplingParams.temperature,
+        "--temperature",
+        "-t",
+        help="0 = greedy; > 0 samples.",
+    )
+    top_p: float = _shared(
+        "sampling", SamplingParams.top_p, "--top-p", help="Nucleus sampling mass (1 = off)."
+    )
+    top_k: int = _shared(
+        "sampling", SamplingParams.top_k, "--top-k", help="Sample among the k likeliest (0 = off)."
+    )
+    seed: int | None = _shared(
+        "sampling", SamplingParams.seed, "--seed", help="Seed for sampling (reproducible runs)."
+    )
+    # -- target: where the target runs and how it is prompted ("auto": Pipeline.load's)
+    device: str = _shared("target", "auto", "--device", help="auto, cpu or cuda[:N].")
+    dtype: str = _shared(
+        "target",
+        "auto",
+        "--dtype",
+        help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16.",
+    )
+    context: int | None = _shared(
+        "target",
+        None,
+        "--context",
+        help="KV-cache size in tokens (default: min(model limit, 8192)).",
+    )
+    think: bool | None = _shared(
+        "target",
+        None,
+        "--think/--no-think",
+        help="The chat template's thinking mode (Qwen3, Qwen3.5). Default: what the "
+        "model's drafters were trained with (`specgen models`: off for Qwen3, on for "
+        "Qwen3.5); the other mode lowers acceptance.",
+    )
+    # -- output: what the terminal shows
+    show_drafts: bool = _shared(
+        "output",
+        False,
+        "--show-drafts",
+        help="Live view: colour text from accepted draft tokens (cyan).",
+    )
+    quiet: bool = _shared(
+        "output",
+        False,
+        "--quiet",
+        "-q",
+        help="No live view, status lines or stats: only the answer (or its --json record).",
+    )
+    # -- runtime: the process around the run
+    threads: int | None = _shared(
+        "runtime",
+        None,
+        "--threads",
+        help="CPU threads for torch (default: torch's, one per core; OMP_NUM_THREADS "
+        "sets it too).",
+    )
+    measure_costs: bool = _shared(
+        "runtime",
+        False,
+        "--measure-costs",
+        help="Measure the step costs the scheduler decides from again, instead of using "
+        "the cached ones (they are also re-measured by themselves when the steps "
+        "disagree with them).",
+    )
+    debug: bool = _shared("runtime", False, "--debug", help="Show tracebacks for errors.")
 
     def spec(self, **overrides: Any) -> SpecConfig:
         """The decoding method these options ask for (`overrides`: a command's own)."""
         method = getattr(self.method, "value", self.method)
-        if method == "ar" and self.drafter:
+        if method == AR and self.drafter:
             # An explicit `--method ar` says "no drafter": running the drafter anyway (its
             # kind used to win) would ignore what was typed, so the two are refused together.
             raise SpecgenError(
@@ -226,7 +201,7 @@ class Run:
                 "drafter as its own kind"
             )
         settings = dict(
-            method=method or "ar",  # "ar" with a drafter: the library reads its kind
+            method=method or AR,  # AR with a drafter: the library reads its kind
             drafter=self.drafter,
             draft_tokens=self.draft_tokens,
             block_size=self.block_size,
@@ -238,8 +213,7 @@ class Run:
 
     def sampling(self) -> SamplingParams:
         """Checked before anything slow happens (loading a model)."""
-        if self.max_new_tokens < 1:
-            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {self.max_new_tokens})")
+        checked_max_new_tokens(self.max_new_tokens)
         return SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
         )
@@ -276,18 +250,62 @@ class Run:
         return pipe
 
 
-assert set(OPTIONS) == {f.name for f in fields(Run)}
+def _options() -> dict[str, Any]:
+    """Each shared option's Typer annotation, read from `Run`'s fields."""
+    kinds = get_type_hints(Run)
+    options = {}
+    for f in fields(Run):
+        decls, help = f.metadata["option"]
+        options[f.name] = Annotated[kinds[f.name], typer.Option(*decls, help=help)]
+    return options
+
+
+def _groups() -> dict[str, tuple[str, ...]]:
+    groups: dict[str, tuple[str, ...]] = {}
+    for f in fields(Run):
+        groups[f.metadata["group"]] = (*groups.get(f.metadata["group"], ()), f.name)
+    return groups
+
+
+OPTIONS = _options()  # name -> Annotated[type, typer.Option(...)]
+DEFAULTS = {f.name: f.default for f in fields(Run)}
+GROUPS = _groups()  # group -> its options, in `Run`'s order
+
+# For commands that take a shared option without a `Run` (export, train, models).
+ModelOpt, DeviceOpt, DebugOpt = OPTIONS["model"], OPTIONS["device"], OPTIONS["debug"]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="One JSON object per prompt: prompt, text, token_ids, stats."),
+]
+
+
+def shared_names(picks: tuple[str, ...], without: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The options `picks` (groups, or single options of a group) name, less `without`, in
+    the order picked: a command's help lists them so."""
+    names: list[str] = []
+    for pick in picks:
+        if pick not in GROUPS and pick not in OPTIONS:
+            raise ValueError(f"not a group or shared option: {pick!r}")
+        names += GROUPS.get(pick, (pick,))
+    if len(set(names)) != len(names) or set(without) - set(names):
+        raise ValueError(f"picked twice, or left out unpicked: {picks} without {without}")
+    return tuple(n for n in names if n not in without)
 
 
 def run_options(
-    *names: str, helps: dict[str, str] | None = None, **defaults: Any
+    *picks: str,
+    without: tuple[str, ...] = (),
+    helps: dict[str, str] | None = None,
+    **defaults: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: the command takes the shared options `names` (with these `defaults` and
-    `helps` where its own differ) after its own parameters, and receives them as `run: Run`."""
+    """Decorator: the command takes the shared options of `picks` (groups, see `GROUPS`, or
+    single options), less `without`, with these `defaults` and `helps` where its own differ,
+    after its own parameters, and receives them as `run: Run`."""
+    names = shared_names(picks, without)
     helps = helps or {}
-    unknown = set(names) - set(OPTIONS) or (set(defaults) | set(helps)) - set(names)
+    unknown = (set(defaults) | set(helps)) - set(names)
     if unknown:
-        raise ValueError(f"not shared options: {sorted(unknown)}")
+        raise ValueError(f"not options of this command: {sorted(unknown)}")
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         own = [
@@ -298,8 +316,8 @@ def run_options(
             inspect.Parameter(
                 n,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=defaults.get(n, OPTIONS[n][1]),
-                annotation=_with_help(OPTIONS[n][0], helps[n]) if n in helps else OPTIONS[n][0],
+                default=defaults.get(n, DEFAULTS[n]),
+                annotation=_with_help(OPTIONS[n], helps[n]) if n in helps else OPTIONS[n],
             )
             for n in names
         ]

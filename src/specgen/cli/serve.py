@@ -11,7 +11,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import user_errors
-from specgen.cli.options import Run, run_options
+from specgen.cli.options import GROUPS, Run, run_options
 from specgen.errors import SpecgenError
 
 if TYPE_CHECKING:
@@ -31,9 +31,8 @@ DEFAULT = "Default for requests that do not set it"
 
 
 @run_options(
-    "model", "method", "drafter", "draft_tokens", "block_size", "verify_policy", "engine",
-    "cuda_graphs", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "device",
-    "dtype", "context", "think", "quiet", "threads", "measure_costs", "debug",
+    *GROUPS,
+    without=("show_drafts",),  # no live view: answers go to clients
     helps={
         "method": "Decoding method; with --methods, the one requests get by default. "
         "Default: ar, or the kind of the --drafter given.",
@@ -47,7 +46,7 @@ DEFAULT = "Default for requests that do not set it"
         "quiet": "No request log or status lines: only the ready line and errors.",
         "debug": "Log tracebacks of internal errors (clients still get one line).",
     },
-)  # fmt: skip
+)
 def serve(
     methods: Annotated[
         list[str] | None,

@@ -9,7 +9,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
-from specgen.cli.options import DEFAULT_MODEL, DebugOpt, DeviceOpt, ModelOpt
+from specgen.cli.options import DebugOpt, DeviceOpt, ModelOpt, Run
 from specgen.display import plural
 
 
@@ -28,7 +28,7 @@ def train(
         list[Path] | None,
         typer.Option("--data", help="Answers already generated (JSONL with prompt/response ids)."),
     ] = None,
-    model: ModelOpt = DEFAULT_MODEL,
+    model: ModelOpt = Run.model,
     prompt_tokens: Annotated[
         int, typer.Option("--prompt-tokens", help="Cut each prompt to this many tokens.")
     ] = 128,
@@ -92,8 +92,8 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from OUT/state.safetensors.")
     ] = False,
-    device: DeviceOpt = "auto",
-    debug: DebugOpt = False,
+    device: DeviceOpt = Run.device,
+    debug: DebugOpt = Run.debug,
 ) -> None:
     """Train a drafter (time- or step-bounded, resumable) and write it in its public format.
 

@@ -2,5 +2,9 @@
 
 from specgen.drafting import dflash, dspark, ngram, stacked  # noqa: F401  (registers methods)
 from specgen.drafting.base import DRAFTERS, Checkpoint, Drafter, DraftMethod, method_of, register
+from specgen.methods import AR
 
-__all__ = ["DRAFTERS", "Checkpoint", "DraftMethod", "Drafter", "method_of", "register"]
+# What --method (and a request's method) accepts: plain decoding, then every drafter above.
+METHODS = (AR, *DRAFTERS)
+
+__all__ = ["DRAFTERS", "METHODS", "Checkpoint", "DraftMethod", "Drafter", "method_of", "register"]

@@ -26,6 +26,7 @@ import torch
 
 from specgen.draft import Draft, DraftOption
 from specgen.errors import CheckpointError
+from specgen.methods import AR
 
 if TYPE_CHECKING:
     from specgen.config import SamplingParams, SpecConfig
@@ -167,7 +168,7 @@ def register(name: str) -> Callable[[type], type]:
     """Class decorator: make a `DraftMethod` available as `--method NAME`."""
 
     def add(cls: type) -> type:
-        if name in DRAFTERS or name == "ar":
+        if name in DRAFTERS or name == AR:
             raise ValueError(f"method {name!r} is already registered")
         cls.name = name
         DRAFTERS[name] = cls

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.config import SamplingParams
+from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, checked_max_new_tokens
+from specgen.errors import OptionError
 from specgen.serve.errors import invalid
 
 Messages = list[dict[str, str]]
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+API_NAMES = {"max_new_tokens": "max_tokens"}  # the library's option -> the request's field
 
 # field -> the values that change nothing (anything else cannot be honoured: a 400)
 HARMLESS: dict[str, tuple[Any, ...]] = {
@@ -46,11 +47,11 @@ COMPLETION_HARMLESS = {"echo": (None, False), "best_of": (None, 1), "suffix": (N
 class Defaults:
     """What a request that leaves a field out gets (the server's command-line options)."""
 
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
+    seed: int | None = SamplingParams.seed
     think: bool | None = None
 
 
@@ -87,16 +88,13 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
     top_p = _field(body, "top_p", float, defaults.top_p)
     top_k = _field(body, "top_k", int, defaults.top_k)
     seed = _field(body, "seed", int, defaults.seed)
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"max_tokens must be at least 1 (got {max_tokens})", "max_tokens")
-    if not 0 <= temperature <= 2:
-        raise invalid(f"temperature must be in [0, 2] (got {temperature})", "temperature")
-    if not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1] (got {top_p})", "top_p")
-    if top_k < -1:
-        raise invalid(f"top_k must be >= 0 (or -1: off) (got {top_k})", "top_k")
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise invalid(f"seed must be a 64-bit integer (got {seed})", "seed")
+    try:  # the library's bounds, the ones the command line has: a 400 naming the field
+        if max_tokens is not None:
+            checked_max_new_tokens(max_tokens)
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except OptionError as e:
+        name = API_NAMES.get(e.option, e.option)
+        raise invalid(e.said_as(name), name) from None
     stream = bool(_field(body, "stream", bool, False))
     options = _field(body, "stream_options", dict, {})
     include_usage = _field(options, "include_usage", bool, False, "stream_options.")
@@ -104,9 +102,7 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
         chat=chat,
         prompt=prompt,
         method=_method(body, methods),
-        sampling=SamplingParams(
-            temperature=temperature, top_k=max(top_k, 0), top_p=top_p, seed=seed
-        ),
+        sampling=sampling,
         max_tokens=max_tokens or defaults.max_tokens,
         stops=_stops(body),
         stream=stream,

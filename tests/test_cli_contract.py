@@ -79,7 +79,9 @@ def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
     ]  # fmt: skip
     assert Defaults().max_tokens == DEFAULT_MAX_NEW_TOKENS
     assert [DEFAULTS[n] for n in GROUPS["engine"]] == [
-        str(spec.verify_policy), spec.engine, spec.cuda_graphs
+        str(spec.verify_policy),
+        spec.engine,
+        spec.cuda_graphs,
     ]
     for bad in (dict(picks=("sampling", "top_p")), dict(picks=("colour",)),
                 dict(picks=("sampling",), without=("quiet",))):  # fmt: skip

@@ -177,8 +177,7 @@ class Run:
         "runtime",
         None,
         "--threads",
-        help="CPU threads for torch (default: torch's, one per core; OMP_NUM_THREADS "
-        "sets it too).",
+        help="CPU threads for torch (default: torch's, one per core; OMP_NUM_THREADS sets it too).",
     )
     measure_costs: bool = _shared(
         "runtime",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from specgen import display
 from specgen.config import SamplingParams
 from specgen.errors import SpecgenError
-from specgen.live import modeled_speedup
+from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
 from specgen.serve.metrics import Metrics

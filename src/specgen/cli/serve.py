@@ -93,6 +93,7 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with speculative stats per answer."""
     with user_errors(run.debug):
+        from specgen.serve.log import Log
         from specgen.serve.openai_api import Defaults
         from specgen.serve.server import ServeConfig
         from specgen.serve.server import serve as run_server
@@ -105,7 +106,7 @@ def serve(
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,
             shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
-            debug=run.debug,
+            debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip
         config.check()
         run_server(_loader(run, _names(methods, run)), config)

@@ -160,8 +160,8 @@ def replay(
     traces: Sequence[Mapping[str, Any]], pipes: Mapping[str, Pipeline]
 ) -> dict[str, list[Replayed]]:
     """Each of `pipes` (method name -> a cost-policy pipeline) over every recorded answer in
-    order, each answer's scheduler learning from the one before (as `Pipeline.learnt`
-    carries it from answer to answer in a bench)."""
+    order, each answer's scheduler learning from the one before (as a pipeline's
+    `Schedulers.learnt` carries it from answer to answer in a bench)."""
     results = {}
     for method, pipe in pipes.items():
         drafter = pipe.new_session().drafter

@@ -53,7 +53,7 @@ def test_a_stale_table_is_measured_again_and_decides_from_then_on(tiny_qwen3_dee
     assert got.token_ids == want  # exact whatever the prices
     assert any("measuring them again" in n for n in notes)
     assert pipe.costs.seconds[0][0] < slow[0][0] / 5  # measured afresh, not the stale one
-    assert session.scheduler.costs is pipe.costs and pipe.learnt.costs is pipe.costs
+    assert session.scheduler.costs is pipe.costs and pipe.schedulers.learnt.costs is pipe.costs
     notes.clear()
     pipe.costs = replace(pipe.costs, seconds=slow)
     pipe.generate(text, raw=True, max_new_tokens=CHECK_STEPS + 8)

@@ -22,6 +22,7 @@ from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
+from specgen.spec import load_method
 from specgen.verify.sampling import make_generator, probabilities
 
 FIXTURE = "dspark-qwen3-4b-block7.config.json"
@@ -279,7 +280,8 @@ def test_sampling_through_dspark_has_the_target_distribution(
     # cheap verification: the untrained drafter's low confidences still earn 1-2 slots
     costs = CostTable(contexts=(1,), seconds=(tuple(1.0 + 0.02 * n for n in range(8)),))
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    pipe = Pipeline(base.model, base.codec, base.name, 64, spec, costs)
+    method = load_method(base.model, spec, base.name)
+    pipe = Pipeline(base.model, base.codec, base.name, 64, spec, costs, method)
     text = "The quick brown fox"
     prompt = pipe.encode(text, raw=True)
     params = SamplingParams(temperature=1.0, top_k=3)

@@ -124,9 +124,12 @@ def _steps(pipe, prompt, max_new_tokens):
 
 def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
     from specgen.config import SpecConfig
+    from specgen.spec import load_method
 
     # whole drafts verified (no scheduler): the most acceptance paths exercised
-    ngram = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, SpecConfig(method="ngram"))
+    spec = SpecConfig(method="ngram")
+    method = load_method(pipe.model, spec, pipe.name)
+    ngram = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, method=method)
     prompts = _questions(set(range(0, 1000))) + REPEATS
     assert len(prompts) >= 10
     endings = set()

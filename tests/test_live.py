@@ -8,17 +8,10 @@ import pytest
 from rich.console import Console
 
 from specgen.config import SpecConfig
-from specgen.live import (
-    LiveAnswer,
-    ModeledSpeedup,
-    PlainAnswer,
-    acceptance_bars,
-    answer_view,
-    modeled_speedup,
-    status_panel,
-)
+from specgen.live import LiveAnswer, PlainAnswer, acceptance_bars, answer_view, status_panel
 from specgen.pipeline import Chunk, Pipeline
 from specgen.scheduling.cost import CostTable
+from specgen.scheduling.speedup import ModeledSpeedup, modeled_speedup
 from specgen.stats import GenStats
 
 

@@ -97,3 +97,40 @@ def test_unsupported_architecture_dir(tiny_llama, tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="unsupported architecture 'mamba'"):
         load_target(path, dtype=torch.float32, device="cpu")
+
+
+def test_a_drafting_load_checks_its_spec_once_and_makes_one_session(
+    tiny_qwen3_deep, tiny_dflash, monkeypatch
+):
+    """`Pipeline.load` with a drafter goes straight from the loaded target to the drafting
+    pipeline: the spec is checked at the entry only, and no plain-AR pipeline allocates a
+    full-context session on the way (issue 32)."""
+    from specgen import pipeline as pipeline_module
+    from specgen.config import SpecConfig
+    from specgen.pipeline import Pipeline
+
+    checks, sessions = [], []
+    real_check, real_session = pipeline_module.checked_spec, pipeline_module.Session
+    monkeypatch.setattr(
+        pipeline_module, "checked_spec", lambda *a: checks.append(a) or real_check(*a)
+    )
+    monkeypatch.setattr(
+        pipeline_module, "Session", lambda *a, **k: sessions.append(a) or real_session(*a, **k)
+    )
+    spec = SpecConfig(drafter=str(tiny_dflash), verify_policy="full")  # its kind: dflash
+    pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", spec=spec)
+    assert pipe.spec.method == "dflash" and pipe.method is not None
+    assert len(checks) == 1 and len(sessions) == 1
+    assert pipe.session.drafter is not None  # the one session is the drafting one
+    other = pipe.with_spec(SpecConfig(method="ngram", verify_policy="full"))
+    assert len(checks) == 2 and len(sessions) == 2 and other.model is pipe.model
+
+
+def test_a_pipeline_runs_what_it_is_given_and_never_loads(tiny_llama):
+    from specgen.config import SpecConfig
+    from specgen.errors import SpecgenError
+    from specgen.pipeline import Pipeline
+
+    ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
+    with pytest.raises(SpecgenError, match="loaded draft method"):
+        Pipeline(ar.model, ar.codec, ar.name, ar.context, SpecConfig(method="ngram"))

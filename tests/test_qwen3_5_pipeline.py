@@ -241,7 +241,7 @@ def test_thinking_follows_the_drafters_and_a_mismatch_is_said_once(
 ):
     """An alias whose drafters were trained with thinking on gets it by default; asking for
     the other mode works, with one note that acceptance will suffer."""
-    from specgen import pipeline as pipeline_module
+    from specgen import loader
     from specgen.hub import ResolvedModel
     from specgen.registry import MODELS, ModelEntry
 
@@ -256,7 +256,7 @@ def test_thinking_follows_the_drafters_and_a_mismatch_is_said_once(
     entry = ModelEntry("tiny-q35", "none/tiny", "test", {"dflash": str(trained)}, thinking=True)
     monkeypatch.setitem(MODELS, "tiny-q35", entry)
     local = ResolvedModel(path, "tiny-q35", "local")
-    monkeypatch.setattr(pipeline_module, "resolve_model", lambda spec, notify=None: local)
+    monkeypatch.setattr(loader, "resolve_model", lambda spec, notify=None: local)
     pipe = Pipeline.load("tiny-q35", device="cpu", dtype="float32")
     assert pipe.thinking is True
     assert pipe.encode("hi") == pipe.encode("hi", think=True) != pipe.encode("hi", think=False)

@@ -48,7 +48,7 @@ def _check_replay(ar: Pipeline, pipes: dict[str, Pipeline], prompts: list[str], 
         assert trace["tokens"][: len(want.token_ids)] == want.token_ids
     real = {}
     for method, pipe in pipes.items():
-        pipe.learnt = None
+        pipe.schedulers.learnt = None
         real[method] = [
             pipe.generate(p, max_new_tokens=n, session=pipe.new_session()).stats for p in prompts
         ]

@@ -122,7 +122,7 @@ def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflas
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("specgen.pipeline.cached_costs", spy)
+        patch.setattr("specgen.loader.cached_costs", spy)
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), cuda_graphs=graphs)
         ar.with_spec(spec)
     assert seen == [graphs]
@@ -274,7 +274,7 @@ def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, 
     first = pipe.new_session()
     pipe.generate("one two one two one two", max_new_tokens=40, session=first)
     learnt = first.scheduler
-    assert pipe.learnt is learnt and learnt.history.buckets  # it drafted and recorded
+    assert pipe.schedulers.learnt is learnt and learnt.history.buckets  # it drafted and recorded
     second = pipe.new_session()
     assert second.scheduler.history == learnt.history
     assert second.scheduler.history is not learnt.history  # a copy: sessions stay apart

@@ -59,7 +59,7 @@ def test_a_seeded_prompt_asked_again_gives_the_same_answer(
 def test_unseeded_answers_still_start_from_what_was_learnt(ar, tiny_dspark):
     pipe = ar.with_spec(SpecConfig(method="dspark", drafter=str(tiny_dspark)))
     pipe.generate("The quick brown fox", max_new_tokens=24)
-    learnt = pipe.learnt
+    learnt = pipe.schedulers.learnt
     assert learnt is not None and learnt.history.buckets  # it recorded steps
     session = pipe.new_session()
     assert session.scheduler.history == learnt.history

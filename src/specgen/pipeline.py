@@ -9,28 +9,25 @@ for chunk in pipe.stream("Tell me a joke"):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
-from specgen.device import resolve_device, resolve_dtype
 from specgen.drafting import DraftMethod
-from specgen.engine.costs import CostCheck, cached_costs
+from specgen.engine.costs import CostWatch
 from specgen.engine.run import decode
 from specgen.engine.session import Session
 from specgen.errors import PromptError, SpecgenError
 from specgen.events import StepEvent
-from specgen.hub import Notify, resolve_model
-from specgen.models.loading import load_target
+from specgen.hub import Notify
+from specgen.loader import Decoding, Target, load_decoding, load_target
 from specgen.models.transformer import Transformer
 from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable
-from specgen.scheduling.scheduler import VerifyScheduler
-from specgen.spec import checked_spec, load_method
+from specgen.scheduling.learning import Schedulers
+from specgen.spec import checked_spec
 from specgen.stats import GenStats
 from specgen.text import Detokenizer, TextCodec
-
-DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
 
 Prompt = str | list[dict[str, str]]  # text, or a chat conversation
 
@@ -75,32 +72,34 @@ class Pipeline:
         costs: CostTable | None = None,
         method: DraftMethod | None = None,
         source: str | None = None,
+        *,
+        watch: CostWatch | None = None,
     ) -> None:
-        """Usually made by `load` and `with_spec`. `costs` (measured verify and draft
-        times) is what the "cost" verify policy and a choice among several drafters need;
-        without it every draft is verified whole. `method` is the loaded draft method
-        (loaded here from `spec` when not given)."""
+        """What was loaded, to run: usually made by `load` and `with_spec` (specgen.loader
+        loads). `spec` is taken as checked (`spec.checked_spec`); `method` is its loaded
+        draft method (None for AR); `costs` (measured verify and draft times) is what the
+        "cost" verify policy and a choice among several drafters need: without it every
+        draft is verified whole. `watch` measures them again when they go stale."""
+        spec = spec or SpecConfig()
+        if method is None and not spec.is_ar:
+            raise SpecgenError(
+                f"Pipeline takes {spec.method}'s loaded draft method: Pipeline.load or "
+                "with_spec loads it"
+            )
         self.model = model
         self.codec = codec
         self.name = name
         self.context = context
-        spec = spec or SpecConfig()
-        if method is None:
-            spec = checked_spec(spec, name)
-            if not spec.is_ar:
-                method = load_method(model, spec, name)
         self.spec = spec
         self.method = method
-        self.costs = costs
         self.source = source or name  # where the target came from (cost-table key)
-        self.learnt: VerifyScheduler | None = None  # the last answer's scheduler: new
-        # sessions start from its estimates (VerifyScheduler.learn_from)
+        # the scheduler each answer starts with, and what the last one learnt
+        self.schedulers = Schedulers(spec.verify_policy, costs, len(self.drafters))
+        self._watch = watch
         entry = MODELS.get(name)
         # the chat template's thinking mode the registry's drafters were trained with
         self.thinking: bool | None = entry.thinking if entry else None
         self.session = self.new_session()
-        self._check: CostCheck | None = None  # measured costs, held against the steps
-        self._notify: Notify | None = None
 
     @classmethod
     def load(
@@ -123,22 +122,9 @@ class Pipeline:
             measure_costs: measure the step costs again instead of using cached ones.
         """
         spec = checked_spec(spec or SpecConfig(), model)  # fail before the slow part
-        resolved = resolve_model(model, notify=notify)
-        dev = resolve_device(device)
-        target = load_target(
-            resolved.path, dtype=resolve_dtype(dtype, dev), device=dev, name=resolved.name
-        )
-        limit = target.args.max_positions
-        if context is not None and not 1 < context <= limit:
-            raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
-        codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
-        context = context or min(limit, DEFAULT_CONTEXT)
-        # plain AR keeps the spec too: its engine, CUDA graphs and tracing settings
-        ar = spec if spec.is_ar else None
-        base = cls(target, codec, resolved.name, context, ar, source=str(resolved.path))
-        if ar is not None:
-            return base
-        return base.with_spec(spec, notify=notify, measure_costs=measure_costs)
+        target = load_target(model, device=device, dtype=dtype, context=context, notify=notify)
+        loaded = load_decoding(target, spec, notify=notify, measure_costs=measure_costs)
+        return cls._of(target, loaded)
 
     def with_spec(
         self,
@@ -152,54 +138,38 @@ class Pipeline:
         sessions are not). Loads the drafter and, where the policy or a choice among
         drafters needs them, the measured costs (cached; `measure_costs`: measured again;
         and measured again once by itself when the steps disagree with them,
-        `engine.costs.CostCheck`). `costs` given instead (fixed prices for tests, another
+        `engine.costs.CostWatch`). `costs` given instead (fixed prices for tests, another
         machine's for what-if runs) are used as they are, for the drafters it mounts."""
         spec = checked_spec(spec, self.name)
-        if spec.is_ar:
-            return Pipeline(
-                self.model, self.codec, self.name, self.context, spec, source=self.source
-            )
-        method = load_method(self.model, spec, self.name, notify)
-        measured = costs is None and (spec.verify_policy.needs_costs or len(method.mounted) > 1)
-        if costs is not None:
-            costs = replace(costs, drafts={n: costs.drafts[n] for n in method.mounted})
-        elif measured:
-            costs = cached_costs(
-                self.model, self._cost_key, method, notify, graphs=spec.cuda_graphs,
-                fresh=measure_costs,
-            )  # fmt: skip
-        pipe = Pipeline(
-            self.model, self.codec, self.name, self.context, spec, costs, method, self.source
+        loaded = load_decoding(
+            self._target, spec, notify=notify, costs=costs, measure_costs=measure_costs
         )
-        if measured:
-            pipe._check, pipe._notify = CostCheck(), notify
-        return pipe
+        return Pipeline._of(self._target, loaded)
+
+    @classmethod
+    def _of(cls, target: Target, loaded: Decoding) -> Pipeline:
+        return cls(
+            target.model, target.codec, target.name, target.context, loaded.spec,
+            loaded.costs, loaded.method, target.source, watch=loaded.watch,
+        )  # fmt: skip
+
+    @property
+    def costs(self) -> CostTable | None:
+        """The cost table the schedulers decide from (replaced when measured again)."""
+        return self.schedulers.costs
+
+    @costs.setter
+    def costs(self, costs: CostTable | None) -> None:
+        self.schedulers.costs = costs
+
+    @property
+    def _target(self) -> Target:
+        """What this pipeline runs on, for another method on the same weights."""
+        return Target(self.model, self.codec, self.name, self.context, self.source)
 
     @property
     def _cost_key(self) -> str:
-        return f"{self.name}|{self.source}"
-
-    def _check_costs(self, stats: GenStats, session: Session) -> None:
-        """Measured costs that the answers' steps disagree with beyond noise (`CostCheck`)
-        are measured again, once per pipeline, and decide from then on."""
-        if self._check is None or self.costs is None or self.method is None:
-            return
-        ratio = self._check.stale(stats, self.costs)
-        if ratio is None:
-            return
-        self._check = None  # once: a machine under changing load must not re-measure forever
-        if self._notify:
-            self._notify(
-                f"decoding steps ran at {ratio:.2f}x the measured step costs: measuring them "
-                "again (--measure-costs does this up front)"
-            )
-        self.costs = cached_costs(
-            self.model, self._cost_key, self.method, self._notify,
-            graphs=self.spec.cuda_graphs, fresh=True,
-        )  # fmt: skip
-        for scheduler in (session.scheduler, self.learnt):
-            if scheduler is not None:
-                scheduler.costs = self.costs
+        return self._target.cost_key
 
     @property
     def overlaps(self) -> bool:
@@ -223,30 +193,16 @@ class Pipeline:
         if self.method is None:
             return Session(self.model, self.context, graphs=graphs)
         drafter = self.method.new_drafter(self.context)
-        return Session(self.model, self.context, drafter, self._scheduler(), graphs=graphs)
+        return Session(self.model, self.context, drafter, self.schedulers.new(), graphs=graphs)
 
     def renew(self, session: Session) -> Session:
         """`session` emptied and with a new scheduler (from the estimates the last answer
-        left, `learnt`), as `new_session` would make it, but keeping its buffers and so its
-        CUDA graphs (captured per session)."""
+        left, `Schedulers.learnt`), as `new_session` would make it, but keeping its buffers
+        and so its CUDA graphs (captured per session)."""
         session.reset()
         if session.drafter is not None:
-            session.scheduler = self._scheduler()
+            session.scheduler = self.schedulers.new()
         return session
-
-    def _scheduler(self, *, learn: bool = True) -> VerifyScheduler | None:
-        """The scheduler a new answer starts with (from what the last one learnt unless
-        `learn` is False); None when every draft is verified whole and there is no choice
-        of drafter to make."""
-        policy, several = self.spec.verify_policy, len(self.drafters) > 1
-        if (policy.kind == "full" and not several) or (self.costs is None and (
-            policy.needs_costs or several
-        )):  # fmt: skip
-            return None
-        scheduler = VerifyScheduler(policy, self.costs)
-        if learn and self.learnt is not None:
-            scheduler.learn_from(self.learnt)
-        return scheduler
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -295,11 +251,8 @@ class Pipeline:
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
         params = sampling or SamplingParams()
-        if session.drafter is not None and params.seed is not None and not params.greedy:
-            # a seeded answer depends on its conversation and seed alone: how many drafts
-            # are verified and which drafter drafts decide which draws fall on which token,
-            # so the scheduler starts from its prior, not from what earlier answers learnt
-            session.scheduler = self._scheduler(learn=False)
+        if session.drafter is not None:  # a seeded sampling answer starts from the prior
+            session.scheduler = self.schedulers.for_answer(session.scheduler, params)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
         stats.method = self.spec.method
         stats.trace = [] if self.spec.trace else None
@@ -324,9 +277,9 @@ class Pipeline:
         finally:
             events.close()  # the overlap engine's thread is done after this
             session.settle(prompt_ids + output)
-            if session.scheduler is not None:
-                self.learnt = session.scheduler
-        self._check_costs(stats, session)  # an answer that ran to its end
+            self.schedulers.finished(session.scheduler)
+        if self._watch is not None:  # an answer that ran to its end: its steps judge costs
+            self._watch.after(stats, self.schedulers, session.scheduler)
 
     def generate(
         self,

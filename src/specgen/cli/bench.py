@@ -247,24 +247,19 @@ def _endpoints(
 
 def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     """The AR pipeline and one per method, all on one loaded target, with the same engine
-    and CUDA-graph settings."""
-    from specgen.drafting import DRAFTERS, method_of
-    from specgen.hub import resolve_drafter
+    and CUDA-graph settings (`specgen.method_pipelines.load_methods`); hf: transformers'
+    generate."""
+    from specgen.drafting import DRAFTERS
+    from specgen.method_pipelines import drafters_by_kind, load_methods
     from specgen.registry import MODELS
     from specgen.spec import METHODS
 
-    by_method: dict[str, str] = {}
-    for path in drafters:
-        directory = resolve_drafter(path)
-        kind = method_of(directory)
-        if kind in by_method:
-            raise SpecgenError(f"two --drafter of kind {kind}: give one per method")
-        by_method[kind] = str(directory)
+    by_kind = drafters_by_kind(drafters)
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
         names = [AR, "ngram"] + [
-            m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_method or m in known)
+            m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_kind or m in known)
         ]
     else:
         names = [m.strip() for m in methods.split(",") if m.strip()]
@@ -273,24 +268,15 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
             available = ", ".join((*METHODS, "hf"))
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = [AR] + [m for m in names if m != AR]  # AR is always the baseline
-    # each method's checkpoints among those given, as it finds its own in a registry entry
-    # (stacked: the DFlash and the DSpark one)
-    given = {m: DRAFTERS[m].registry_drafter(by_method) for m in names if m in DRAFTERS}
-    used = {path for d in given.values() if d for path in ((d,) if isinstance(d, str) else d)}
-    unused = [kind for kind, path in by_method.items() if path not in used]
-    if unused:  # a drafter given for a method that will not run: never silently
-        raise SpecgenError(f"--drafter of kind {unused[0]} given, but --methods has no {unused[0]}")
-    notify = None if run.quiet else display.status
-    base = run.load(run.spec())  # plain AR, with the run's engine settings
-    pipes = {AR: base}
-    for name in names[1:]:
-        if name == "hf":  # transformers' generate on the same checkpoint and dtype
-            from specgen.bench.transformers_baseline import TransformersBaseline
+    pipes = load_methods(
+        [m for m in names if m != "hf"], run.load, settings=run.spec(), drafters=by_kind,
+        notify=None if run.quiet else display.status, measure_costs=run.measure_costs,
+    )  # fmt: skip
+    base = pipes[AR]  # plain AR, with the run's engine settings
+    if "hf" in names:  # transformers' generate on the same checkpoint and dtype
+        from specgen.bench.transformers_baseline import TransformersBaseline
 
-            pipes[name] = TransformersBaseline(
-                Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
-            )
-            continue
-        spec = run.spec(method=name, drafter=given.get(name))
-        pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
-    return pipes
+        pipes["hf"] = TransformersBaseline(
+            Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
+        )
+    return {name: pipes[name] for name in names}  # in the order asked for

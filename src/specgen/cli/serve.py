@@ -92,6 +92,7 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with speculative stats per answer."""
     with user_errors(run.debug):
+        from specgen.serve.log import Log
         from specgen.serve.openai_api import Defaults
         from specgen.serve.server import ServeConfig
         from specgen.serve.server import serve as run_server
@@ -104,7 +105,7 @@ def serve(
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,
             shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
-            debug=run.debug,
+            debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip
         config.check()
         run_server(_loader(run, _names(methods, run)), config)
@@ -129,41 +130,21 @@ def _names(methods: list[str] | None, run: Run) -> list[str]:
 
 def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
     """What the server's worker thread calls to load the pipelines (method -> pipeline):
-    as `generate` loads one, or the first of `names` and the others on its weights."""
+    as `generate` loads one, or the first of `names` and the others on its weights
+    (`specgen.method_pipelines.load_methods`)."""
 
     def load_one() -> dict[str, Pipeline]:
         pipe = run.load()
         return {pipe.spec.method: pipe}
 
     def load_several() -> dict[str, Pipeline]:
-        given = _drafters_by_method(run.drafter or [], names)
+        from specgen.method_pipelines import drafters_by_kind, load_methods
+
         plain = replace(run, method=None)  # --method ar names the default, not "no drafter"
-        base = run.load(plain.spec(method=names[0], drafter=given.get(names[0])))
-        notify = None if run.quiet else display.status
-        pipes = {names[0]: base}
-        for name in names[1:]:
-            spec = plain.spec(method=name, drafter=given.get(name))
-            pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
-        return pipes
+        return load_methods(
+            names, run.load, settings=plain.spec(drafter=None),
+            drafters=drafters_by_kind(run.drafter or []),
+            notify=None if run.quiet else display.status, measure_costs=run.measure_costs,
+        )  # fmt: skip
 
     return load_several if names else load_one
-
-
-def _drafters_by_method(drafters: list[str], names: list[str]) -> dict:
-    """Each method's checkpoints among the --drafter given, matched by their kind (stacked:
-    the DFlash and the DSpark one); a drafter no loaded method uses is refused."""
-    from specgen.drafting import DRAFTERS, method_of
-    from specgen.hub import resolve_drafter
-
-    by_kind: dict[str, str] = {}
-    for path in drafters:
-        kind = method_of(resolve_drafter(path))
-        if kind in by_kind:
-            raise SpecgenError(f"two --drafter of kind {kind}: give one per method")
-        by_kind[kind] = str(resolve_drafter(path))
-    given = {m: DRAFTERS[m].registry_drafter(by_kind) for m in names if m in DRAFTERS}
-    used = {p for d in given.values() if d for p in ((d,) if isinstance(d, str) else d)}
-    unused = [kind for kind, path in by_kind.items() if path not in used]
-    if unused:
-        raise SpecgenError(f"--drafter of kind {unused[0]} given, but --methods has no {unused[0]}")
-    return {m: d for m, d in given.items() if d}

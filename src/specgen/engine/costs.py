@@ -1,8 +1,9 @@
 """Measuring the step costs a pipeline's schedulers decide from (scheduling/cost.py), once
 per (model, drafter, dtype, weight format, device, threads, torch) and cached as JSON under
 $SPECGEN_HOME/costs/, so later runs (and seeded sampling runs, whose verify lengths
-depend on these numbers) reuse them. Timings never enter tests; they only steer the
-verify length and the drafter choice, which do not change which tokens come out.
+depend on these numbers) reuse them; and watching them against the steps that ran
+(`CostWatch`). Timings never enter tests; they only steer the verify length and the
+drafter choice, which do not change which tokens come out.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
 from specgen.paths import specgen_home
 from specgen.scheduling.cost import CostTable, modeled
+from specgen.scheduling.learning import Schedulers
+from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.stats import GenStats
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
@@ -59,6 +62,48 @@ class CostCheck:
         self.predicted = self.observed = 0.0
         self.steps = 0
         return ratio if slow or fast else None
+
+
+class CostWatch:
+    """Measured costs held against the answers' steps (`CostCheck`): when the steps
+    disagree with them beyond noise they are measured again, once, and the schedulers
+    decide from the new table (`Schedulers.reprice`). Once: a machine under changing load
+    must not re-measure forever. Only for measured tables; fixed prices (tests, what-if
+    runs with another machine's) are never second-guessed."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        key: str,
+        method: DraftMethod,
+        notify: Callable[[str], None] | None = None,
+        *,
+        graphs: bool = False,
+    ) -> None:
+        self.model, self.key, self.method = model, key, method
+        self.notify, self.graphs = notify, graphs
+        self.check: CostCheck | None = CostCheck()  # None: measured again already
+
+    def after(
+        self, stats: GenStats, schedulers: Schedulers, *running: VerifyScheduler | None
+    ) -> None:
+        """After an answer that ran to its end: judge `schedulers.costs` by its steps and,
+        when stale, measure again and reprice them and the `running` schedulers."""
+        if self.check is None or schedulers.costs is None:
+            return
+        ratio = self.check.stale(stats, schedulers.costs)
+        if ratio is None:
+            return
+        self.check = None
+        if self.notify:
+            self.notify(
+                f"decoding steps ran at {ratio:.2f}x the measured step costs: measuring them "
+                "again (--measure-costs does this up front)"
+            )
+        costs = cached_costs(
+            self.model, self.key, self.method, self.notify, graphs=self.graphs, fresh=True
+        )
+        schedulers.reprice(costs, *running)
 
 
 def _sync(device: torch.device) -> None:

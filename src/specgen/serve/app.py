@@ -27,9 +27,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
-from specgen import display
 from specgen.errors import SpecgenError
 from specgen.serve.errors import APIError, invalid
+from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults, GenRequest, Reply, parse, usage
 from specgen.serve.worker import Delta, Failed, Job, Overloaded, Worker
@@ -58,6 +58,7 @@ class Service:
     metrics: Metrics
     api_key: str | None = None
     debug: bool = False
+    log: Log = Log()  # where internal errors are said
     draining: bool = False  # stopping: new requests get 503
     started: int = field(default_factory=lambda: int(time.time()))
     encoder: ThreadPoolExecutor = field(
@@ -302,7 +303,7 @@ class GuardedApp:
         except Exception as e:  # a bug in a route: the server answers and keeps serving
             if self.service.debug:
                 traceback.print_exc()
-            display.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
+            self.service.log.error(f"internal error: {type(e).__name__}: {e} (rerun with --debug)")
             if not started:
                 bug = APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
                 await error_response(bug)(scope, receive, sending)

@@ -26,7 +26,7 @@ def histogram(stats: GenStats) -> list[int]:
 def final(stats: GenStats, *, queue_seconds: float, speedup: float | None = None) -> dict[str, Any]:
     """The whole answer's statistics (a response, or the last chunks of a stream);
     `speedup`: over plain decoding, priced from the cost table on both sides
-    (`specgen.live.modeled_speedup`), None without a table."""
+    (`scheduling.speedup.modeled_speedup`), None without a table."""
     d = stats.to_dict()
     return {
         "method": stats.method,

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from specgen import display
 from specgen.errors import SpecgenError
 from specgen.registry import MODELS
 from specgen.serve.app import Service, build_app
+from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
@@ -42,6 +42,7 @@ class ServeConfig:
     defaults: Defaults = Defaults()
     quiet: bool = False  # no request log or status lines
     debug: bool = False  # tracebacks in the log
+    log: Log = Log()  # the ready line, status lines, internal errors (the CLI's: Rich)
 
     def check(self) -> None:
         """Bad values fail before the model loads."""
@@ -60,7 +61,7 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
     until a signal. `load` runs in the worker thread, which then owns all torch work."""
     config.check()
     sock = _listen(config.host, config.port)  # before the slow part: a busy port fails now
-    worker = Worker(load, queue_size=config.queue_size, debug=config.debug)
+    worker = Worker(load, queue_size=config.queue_size, debug=config.debug, log=config.log)
     try:
         pipes = worker.start()
         base = next(iter(pipes.values()))
@@ -71,7 +72,7 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
         model = served_id(base.name)
         service = Service(
             worker, model, frozenset(model_names(base.name)), config.defaults, metrics,
-            api_key=config.api_key, debug=config.debug,
+            api_key=config.api_key, debug=config.debug, log=config.log,
         )  # fmt: skip
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host
@@ -145,7 +146,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            display.write(self.ready + "\n")
+            self.opts.log.write(self.ready + "\n")
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own raises the signal again once it has shut down (exit 130 or 143);
@@ -156,8 +157,9 @@ class _Server(uvicorn.Server):
             self.service.draining = True
             busy = self.worker.queued + self.worker.running
             if busy and not self.opts.quiet:
-                display.status(
-                    f"stopping: {display.plural(busy, 'answer')} in flight get "
+                answers = f"{busy} answer" + ("" if busy == 1 else "s")
+                self.opts.log.status(
+                    f"stopping: {answers} in flight get "
                     f"{self.opts.shutdown_timeout:g} s to finish (Ctrl-C again cuts them)"
                 )
             timer = threading.Timer(self.opts.shutdown_timeout, self.worker.cut_all)

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specgen import display
 from specgen.config import SamplingParams
 from specgen.errors import SpecgenError
-from specgen.live import modeled_speedup
+from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
+from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
 from specgen.serve.stops import StopCut
 
@@ -80,10 +80,12 @@ class Worker:
         *,
         queue_size: int,
         debug: bool = False,
+        log: Log | None = None,
     ) -> None:
         self._load = load
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
         self._debug = debug
+        self._log = log or Log()
         self._thread = threading.Thread(target=self._main, name="specgen-serve", daemon=True)
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -163,7 +165,7 @@ class Worker:
             if self._debug:
                 traceback.print_exc()
             where = _where(e)  # the innermost frame: enough for a bug report
-            display.error(
+            self._log.error(
                 f"internal error: {type(e).__name__}: {e} at {where} (rerun with --debug)"
             )
             bug = APIError(

@@ -1,0 +1,100 @@
+"""Loading what a `Pipeline` runs: the target (resolved, downloaded, converted, loaded) and,
+for a checked `SpecConfig`, its draft method and the cost table its schedulers decide from.
+`Pipeline.load` and `Pipeline.with_spec` are thin calls into here; a Pipeline itself only
+runs what it is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specgen.config import SpecConfig
+from specgen.device import resolve_device, resolve_dtype
+from specgen.drafting import DraftMethod
+from specgen.engine.costs import CostWatch, cached_costs
+from specgen.errors import SpecgenError
+from specgen.hub import Notify, resolve_model
+from specgen.models.loading import load_target as load_model
+from specgen.models.transformer import Transformer
+from specgen.scheduling.cost import CostTable
+from specgen.spec import load_method
+from specgen.text import TextCodec
+
+DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
+
+
+@dataclass(frozen=True)
+class Target:
+    """A loaded target: weights, tokenizer, the context its sessions are sized for, and
+    where it came from (`source`, part of the cost-table key)."""
+
+    model: Transformer
+    codec: TextCodec
+    name: str
+    context: int
+    source: str
+
+    @property
+    def cost_key(self) -> str:
+        return f"{self.name}|{self.source}"
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What a checked spec loads on a target: its draft method (None: plain AR), the cost
+    table its schedulers decide from (None: every draft verified whole, one drafter) and,
+    for a measured table, the watch that measures it again when it goes stale."""
+
+    spec: SpecConfig
+    method: DraftMethod | None = None
+    costs: CostTable | None = None
+    watch: CostWatch | None = None
+
+
+def load_target(
+    model: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    context: int | None = None,
+    notify: Notify | None = None,
+) -> Target:
+    """Resolve `model` (alias, path, .gguf or Hub repo) and load it; `context`: KV-cache
+    capacity in tokens, default min(model limit, `DEFAULT_CONTEXT`)."""
+    resolved = resolve_model(model, notify=notify)
+    dev = resolve_device(device)
+    target = load_model(
+        resolved.path, dtype=resolve_dtype(dtype, dev), device=dev, name=resolved.name
+    )
+    limit = target.args.max_positions
+    if context is not None and not 1 < context <= limit:
+        raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
+    codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
+    context = context or min(limit, DEFAULT_CONTEXT)
+    return Target(target, codec, resolved.name, context, str(resolved.path))
+
+
+def load_decoding(
+    target: Target,
+    spec: SpecConfig,
+    *,
+    notify: Notify | None = None,
+    costs: CostTable | None = None,
+    measure_costs: bool = False,
+) -> Decoding:
+    """`spec` (already `checked_spec`) on `target`: its drafter loaded and, where the
+    policy or a choice among drafters needs them, the measured costs (cached;
+    `measure_costs`: measured again) with their `CostWatch`. `costs` given instead (fixed
+    prices) are used as they are, for the drafters the method mounts, and never watched."""
+    if spec.is_ar:
+        return Decoding(spec)
+    method = load_method(target.model, spec, target.name, notify)
+    if costs is not None:
+        mounted = replace(costs, drafts={n: costs.drafts[n] for n in method.mounted})
+        return Decoding(spec, method, mounted)
+    if not (spec.verify_policy.needs_costs or len(method.mounted) > 1):
+        return Decoding(spec, method)
+    graphs = spec.cuda_graphs
+    key = target.cost_key
+    measured = cached_costs(target.model, key, method, notify, graphs=graphs, fresh=measure_costs)
+    watch = CostWatch(target.model, key, method, notify, graphs=graphs)
+    return Decoding(spec, method, measured, watch)

@@ -1,0 +1,59 @@
+"""The schedulers a pipeline's answers start with, and what one answer's scheduler learnt
+carried to the next (`VerifyScheduler.learn_from`), so a new session does not spend its
+first steps relearning the acceptance rates the last one already measured."""
+
+from __future__ import annotations
+
+from specgen.config import SamplingParams, VerifyPolicy
+from specgen.scheduling.cost import CostTable
+from specgen.scheduling.scheduler import VerifyScheduler
+
+
+class Schedulers:
+    """Per pipeline: its verify policy, its cost table (None: unmeasured) and how many
+    drafters it mounts decide whether answers get a scheduler at all; `learnt` is the last
+    finished answer's."""
+
+    def __init__(self, policy: VerifyPolicy, costs: CostTable | None, drafters: int) -> None:
+        self.policy = policy
+        self.costs = costs
+        self.several = drafters > 1
+        self.learnt: VerifyScheduler | None = None
+
+    def new(self, *, learn: bool = True) -> VerifyScheduler | None:
+        """The scheduler a new answer starts with (from what the last one learnt unless
+        `learn` is False); None when every draft is verified whole and there is no choice
+        of drafter to make, or when the policy or the choice needs costs there are none of."""
+        if (self.policy.kind == "full" and not self.several) or (self.costs is None and (
+            self.policy.needs_costs or self.several
+        )):  # fmt: skip
+            return None
+        scheduler = VerifyScheduler(self.policy, self.costs)
+        if learn and self.learnt is not None:
+            scheduler.learn_from(self.learnt)
+        return scheduler
+
+    def for_answer(
+        self, current: VerifyScheduler | None, params: SamplingParams
+    ) -> VerifyScheduler | None:
+        """The scheduler an answer on a drafting session runs with: its session's
+        (`current`), except that a seeded sampling answer starts from the prior. A seeded
+        answer depends on its conversation and seed alone: how many drafts are verified and
+        which drafter drafts decide which draws fall on which token, so what earlier
+        answers learnt must not enter it."""
+        if params.seed is not None and not params.greedy:
+            return self.new(learn=False)
+        return current
+
+    def finished(self, scheduler: VerifyScheduler | None) -> None:
+        """An answer ended (done or cut off) with `scheduler`: later ones start from it."""
+        if scheduler is not None:
+            self.learnt = scheduler
+
+    def reprice(self, costs: CostTable, *running: VerifyScheduler | None) -> None:
+        """Costs measured again: they decide from now on, in new schedulers, the learnt
+        one and the `running` ones (a session's, mid-conversation)."""
+        self.costs = costs
+        for scheduler in (*running, self.learnt):
+            if scheduler is not None:
+                scheduler.costs = costs

@@ -103,3 +103,17 @@ def test_unknown_format_is_named():
     with pytest.raises(ValueError, match="unknown weight format 'int3'.*dense"):
         convert_weights(torch.nn.Linear(2, 2), "int3")
     assert FORMATS["dense"] is DenseWeight
+
+
+def test_roofline_reads_the_weights_as_stored(tiny_dirs):
+    """A decoding step's bytes: the weights as the seam counts them, one embedding row,
+    and the cache's K/V for the context."""
+    from specgen.bench.roofline import model_bytes_per_step
+
+    model = load_target(tiny_dirs["qwen3"], dtype=torch.float32, device="cpu")
+    a = model.args
+    kv = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 4 * 100
+    row = a.hidden_size * 4
+    assert model_bytes_per_step(model, 100) == model.resident_bytes - model.embed.nbytes + row + kv
+    convert_weights(model, "test-transposed")  # another format: its own byte count
+    assert model_bytes_per_step(model, 100) == model.resident_bytes - model.embed.nbytes + row + kv

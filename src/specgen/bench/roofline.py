@@ -8,8 +8,6 @@ of the hardware AR uses. Peak bandwidths are the vendors' figures.
 
 from __future__ import annotations
 
-import torch
-
 from specgen.config import ModelArgs
 from specgen.models.family import family_of
 from specgen.models.transformer import Transformer
@@ -54,8 +52,9 @@ def bytes_per_step(
 
 def model_bytes_per_step(model: Transformer, context: int) -> int:
     """`bytes_per_step` of a loaded target, its weights' bytes from the weight seam."""
-    element = torch.empty(0, dtype=model.dtype).element_size()
-    return bytes_per_step(model.args, model.resident_bytes, model.embed.nbytes, element, context)
+    return bytes_per_step(
+        model.args, model.resident_bytes, model.embed.nbytes, model.dtype.itemsize, context
+    )
 
 
 def utilisation(bytes_step: int, step_seconds: float, peak: float) -> float:

@@ -10,6 +10,7 @@ its layers (docs/design.md, "Adding a target family").
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ from specgen.models.kv_cache import StaticKVCache
 from specgen.models.plans import text_prefix
 
 
-class Family:
-    """Defaults fit a plain attention-only decoder; families override what differs."""
+class Family(ABC):
+    """Defaults fit a plain attention-only decoder; families override what differs (and
+    must say how they parse and which layer each index is)."""
 
     name = ""
     model_types: tuple[str, ...] = ()  # config.json `model_type`s this family reads
@@ -30,11 +32,13 @@ class Family:
     # why `specgen train --init target` cannot copy this family's layers (None: it can)
     warm_start_refusal: str | None = None
 
-    def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs:
-        raise NotImplementedError
+    @abstractmethod
+    def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs: ...
 
-    def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):
-        raise NotImplementedError
+    @abstractmethod
+    def layer(
+        self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module: ...
 
     def rope(self, args: ModelArgs, index: int) -> tuple[RopeArgs, int]:
         """Layer `index`'s RoPE and its rotary width (layers of one kind share a table)."""
@@ -59,6 +63,7 @@ class Family:
 
     def finish_load(self, model: nn.Module) -> None:
         """What to do once every tensor is in place (nothing, unless overridden)."""
+        return None
 
     def kv_bytes(self, args: ModelArgs, context: int, element_size: int) -> int:
         """Bytes of K and V a decoding step reads at `context` cached tokens."""

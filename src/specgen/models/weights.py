@@ -10,6 +10,8 @@ class with these methods (docs/design.md, "Adding a weight format"); no layer ch
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,14 +24,14 @@ def new_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Para
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-class LinearWeight(nn.Module):
+class LinearWeight(nn.Module, ABC):
     """What every stored format provides: `forward(x, bias, rows)`, `lookup(ids)`,
     `load(tensor, offset)`, `dense()`, `shape`, `dtype`, `device`, `nbytes`, `identity`,
     and `from_dense(weight)` to make one from a loaded dense weight."""
 
     @classmethod
-    def from_dense(cls, weight: DenseWeight) -> LinearWeight:
-        raise NotImplementedError
+    @abstractmethod
+    def from_dense(cls, weight: DenseWeight) -> LinearWeight: ...
 
     def __call__(self, x: torch.Tensor, bias=None, rows: slice | None = None) -> torch.Tensor:
         # straight to forward: a decode step makes hundreds of these calls, and nn.Module's

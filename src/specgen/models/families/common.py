@@ -3,6 +3,8 @@ never import each other): the Llama-shaped attention and MLP fields, RoPE, token
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from specgen.config import ModelArgs, RopeArgs
@@ -46,25 +48,15 @@ def attention_args(
         )
 
 
-class config_errors:
+@contextmanager
+def config_errors(name: str) -> Iterator[None]:
     """A missing or malformed config field as one CheckpointError line naming it."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, tb) -> bool:
-        if isinstance(error, KeyError):
-            raise CheckpointError(
-                f"{self.name}: config.json lacks the field {error.args[0]!r}"
-            ) from None
-        if isinstance(error, (TypeError, ValueError, AttributeError)):
-            raise CheckpointError(
-                f"{self.name}: config.json has a malformed field ({error})"
-            ) from None
-        return False
+    try:
+        yield
+    except KeyError as e:
+        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
 
 
 def token_ids(value: Any) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ import torch
 
 from specgen.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
 from specgen.errors import CheckpointError
-from specgen.models.families.common import token_ids
+from specgen.models.families.common import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
 from specgen.models.gemma4_layer import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
 from specgen.models.kv_cache import StaticKVCache
@@ -144,7 +144,7 @@ def parse_gemma4(cfg: dict[str, Any], name: str) -> ModelArgs:
     unified = model_type.startswith("gemma4_unified")
     t = {**(GEMMA4_UNIFIED_DEFAULTS if unified else GEMMA4_DEFAULTS), **text}
     _refuse_gemma4_variants(t, name)
-    try:
+    with config_errors(name):
         gemma = _gemma4_layers(t, name)
         hidden, heads = int(t["hidden_size"]), int(t["num_attention_heads"])
         if any(heads % kv for kv in gemma.kv_heads):
@@ -177,10 +177,6 @@ def parse_gemma4(cfg: dict[str, Any], name: str) -> ModelArgs:
             embed_scale=hidden**0.5,
             logit_softcap=None if cap is None else float(cap),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{name}: config.json has a malformed field ({e})") from None
 
 
 def _refuse_gemma4_variants(t: dict[str, Any], name: str) -> None:

@@ -277,7 +277,7 @@ def embedded_dir(embedded_gguf, tmp_path_factory) -> Path:
     old = os.environ.get("SPECGEN_HOME")
     os.environ["SPECGEN_HOME"] = str(home)
     try:
-        return ensure_converted(embedded_gguf)
+        return ensure_converted(embedded_gguf, weights=True)
     finally:
         if old is None:
             os.environ.pop("SPECGEN_HOME", None)

@@ -54,6 +54,7 @@ class ResolvedModel:
     path: Path  # an HF-format directory: config.json, safetensors, tokenizer files
     name: str  # what to call it in messages
     source: str  # "local", "gguf", "hub-cache", "embedded" or "download"
+    gguf: Path | None = None  # a GGUF target's file (`path` then holds config + tokenizer)
 
 
 def _is_repo_id(spec: str) -> bool:
@@ -85,13 +86,13 @@ def resolve_model(spec: str, *, notify: Notify | None = None) -> ResolvedModel:
 
 def _resolve_path(path: Path, spec: str, notify: Notify | None) -> ResolvedModel:
     if path.is_file() and path.suffix == ".gguf":
-        return ResolvedModel(ensure_converted(path, notify), spec, "gguf")
+        return ResolvedModel(ensure_converted(path, notify), spec, "gguf", path)
     if path.is_dir():
         if (path / "config.json").is_file():
             return ResolvedModel(path, spec, "local")
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ResolvedModel(ensure_converted(ggufs[0], notify), spec, "gguf")
+            return ResolvedModel(ensure_converted(ggufs[0], notify), spec, "gguf", ggufs[0])
     raise ModelNotFoundError(
         f"{spec}: not a model (expected a directory with config.json, or a .gguf file)"
     )
@@ -103,7 +104,7 @@ def _resolve_alias(entry: ModelEntry, notify: Notify | None) -> ResolvedModel:
         return ResolvedModel(cached, entry.alias, "hub-cache")
     gguf = embedded_gguf(entry)
     if gguf is not None:
-        return ResolvedModel(ensure_converted(gguf, notify), entry.alias, "embedded")
+        return ResolvedModel(ensure_converted(gguf, notify), entry.alias, "embedded", gguf)
     return ResolvedModel(download(entry.repo, alias=entry.alias), entry.alias, "download")
 
 

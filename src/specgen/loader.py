@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from specgen.config import SpecConfig
 from specgen.device import resolve_device, resolve_dtype
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch, cached_costs
-from specgen.errors import SpecgenError
-from specgen.hub import Notify, resolve_model
+from specgen.errors import CheckpointError, OptionError, SpecgenError
+from specgen.hub import Notify, ResolvedModel, resolve_model
+from specgen.models.gguf import ensure_converted
+from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_model
 from specgen.models.transformer import Transformer
 from specgen.scheduling.cost import CostTable
@@ -57,13 +61,22 @@ def load_target(
     dtype: str = "auto",
     context: int | None = None,
     notify: Notify | None = None,
+    quantize: str | None = None,
+    dequantize: bool = False,
 ) -> Target:
     """Resolve `model` (alias, path, .gguf or Hub repo) and load it; `context`: KV-cache
-    capacity in tokens, default min(model limit, `DEFAULT_CONTEXT`)."""
+    capacity in tokens, default min(model limit, `DEFAULT_CONTEXT`). A GGUF target runs
+    packed in its own quantization unless `dequantize` (its weights at `dtype` instead);
+    `quantize` ("int8", "int4") packs a full-precision target's matrices on load."""
     resolved = resolve_model(model, notify=notify)
     dev = resolve_device(device)
-    target = load_model(
-        resolved.path, dtype=resolve_dtype(dtype, dev), device=dev, name=resolved.name
+    target = load_weights(
+        resolved,
+        resolve_dtype(dtype, dev),
+        dev,
+        notify=notify,
+        quantize=quantize,
+        dequantize=dequantize,
     )
     limit = target.args.max_positions
     if context is not None and not 1 < context <= limit:
@@ -71,6 +84,53 @@ def load_target(
     codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
     context = context or min(limit, DEFAULT_CONTEXT)
     return Target(target, codec, resolved.name, context, str(resolved.path))
+
+
+def load_weights(
+    resolved: ResolvedModel,
+    dtype: torch.dtype,
+    device: str,
+    *,
+    notify: Notify | None = None,
+    quantize: str | None = None,
+    dequantize: bool = False,
+) -> Transformer:
+    """The resolved model's weights: a GGUF file's packed as they are stored (or
+    dequantized to `dtype`), a safetensors checkpoint's at `dtype` (or packed as `quantize`)."""
+    if quantize is not None and quantize not in QUANTIZE:
+        raise OptionError("quantize", "must be int8 or int4", quantize)
+    if resolved.gguf is not None and not dequantize:
+        if quantize:
+            raise OptionError(
+                "quantize",
+                f"is not for {resolved.name}: its GGUF file is "
+                "already quantized (run it as it is, or add --dequantize)",
+                quantize,
+            )
+        return load_gguf_target(
+            resolved.gguf, resolved.path, dtype=dtype, device=device, name=resolved.name
+        )
+    path = resolved.path
+    if resolved.gguf is not None:
+        path = ensure_converted(resolved.gguf, notify, weights=True)
+    model = load_model(path, dtype=dtype, device=device, name=resolved.name)
+    if quantize:
+        quantize_target(model, quantize, resolved.name)
+    return model
+
+
+QUANTIZE = ("int8", "int4")
+
+
+def quantize_target(model: Transformer, bits: str, name: str) -> None:
+    """Every matrix of `model` packed as `bits` (group-wise; models/weights_packed.py)."""
+    import specgen.models.weights_packed  # noqa: F401  (registers int8/int4)
+    from specgen.models.weights import convert_weights
+
+    try:
+        convert_weights(model, bits)
+    except ValueError as e:
+        raise CheckpointError(f"{name}: cannot quantize to {bits} ({e})") from None
 
 
 def load_decoding(

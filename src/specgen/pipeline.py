@@ -112,17 +112,29 @@ class Pipeline:
         spec: SpecConfig | None = None,
         notify: Notify | None = None,
         measure_costs: bool = False,
+        quantize: str | None = None,
+        dequantize: bool = False,
     ) -> Pipeline:
         """Resolve `model` (alias, path, .gguf or Hub repo) and load it.
 
         Args:
             context: KV-cache capacity in tokens; default min(model limit, 8192).
+            quantize: "int8" or "int4": pack a full-precision target's matrices on load.
+            dequantize: run a GGUF target dequantized to `dtype` instead of packed.
             spec: the decoding method and its knobs (default: plain AR).
             notify: called with one-line progress messages (conversion, download).
             measure_costs: measure the step costs again instead of using cached ones.
         """
         spec = checked_spec(spec or SpecConfig(), model)  # fail before the slow part
-        target = load_target(model, device=device, dtype=dtype, context=context, notify=notify)
+        target = load_target(
+            model,
+            device=device,
+            dtype=dtype,
+            context=context,
+            notify=notify,
+            quantize=quantize,
+            dequantize=dequantize,
+        )
         loaded = load_decoding(target, spec, notify=notify, measure_costs=measure_costs)
         return cls._of(target, loaded)
 

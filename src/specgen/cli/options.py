@@ -144,6 +144,20 @@ class Run:
         "--dtype",
         help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16.",
     )
+    quantize: str | None = _shared(
+        "target",
+        None,
+        "--quantize",
+        help="Pack a full-precision target's matrices on load: int8 or int4 (group-wise; "
+        "not for GGUF files, which run packed in their own quantization).",
+    )
+    dequantize: bool = _shared(
+        "target",
+        False,
+        "--dequantize",
+        help="Run a GGUF target dequantized to --dtype instead of packed (the old "
+        "behaviour; the oracle packed weights are tested against).",
+    )
     context: int | None = _shared(
         "target",
         None,
@@ -235,6 +249,8 @@ class Run:
             device=self.device,
             dtype=self.dtype,
             context=self.context,
+            quantize=self.quantize,
+            dequantize=self.dequantize,
             spec=spec or self.spec(),
             notify=None if self.quiet else display.status,
             measure_costs=self.measure_costs,

@@ -106,7 +106,8 @@ def train(
         from specgen.device import resolve_device
         from specgen.errors import SpecgenError
         from specgen.hub import resolve_model
-        from specgen.models.loading import load_target, read_config
+        from specgen.loader import load_weights
+        from specgen.models.loading import read_config
         from specgen.paths import specgen_home
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
@@ -134,7 +135,7 @@ def train(
             files.append(_answer(resolved, dev, prompts, out, prompt_tokens, max_new_tokens, batch))
             if not minutes and not steps:
                 return
-        target = load_target(resolved.path, dtype=torch.float32, device=dev, name=resolved.name)
+        target = load_weights(resolved, torch.float32, dev)
         sequences = [seq for path in files for seq in load_sequences(path)]
         if not sequences:
             raise SpecgenError("no answers to train on")
@@ -189,14 +190,14 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
     """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
     import torch
 
-    from specgen.models.loading import load_target
+    from specgen.loader import load_weights
     from specgen.prompts import read_prompts
     from specgen.text import TextCodec
     from specgen.training.generate import answer_prompts, generation_dtype
 
     texts = [p.text for path in prompts for p in read_prompts(path)]
     dtype = generation_dtype(torch.device(device))
-    model = load_target(resolved.path, dtype=dtype, device=device, name=resolved.name)
+    model = load_weights(resolved, dtype, device)
     codec = TextCodec(resolved.path, resolved.name, model.args.eos_token_ids)
 
     def encode(text: str) -> list[int]:

@@ -107,3 +107,37 @@ def load_target(
     fill(model.plan(model.family.prefix(index.where)), index, model.device)
     model.family.finish_load(model)
     return model.eval()
+
+
+def load_gguf_target(
+    gguf_path: Path,
+    config_dir: Path,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    name: str | None = None,
+) -> Transformer:
+    """A `Transformer` whose matrices stay in the GGUF file's quantization (packed weights;
+    models/weights_packed.py), with its config from `config_dir` (models/gguf.py)."""
+    from specgen.models.gguf_index import GGUFIndex
+    from specgen.models.weights import replace_weights
+    from specgen.models.weights_packed import PackedWeight
+
+    name = name or str(gguf_path)
+    config = read_config(config_dir, name)
+    args = model_args(config, name=name)
+    index = GGUFIndex(gguf_path, name, config)
+    # the dense matrices this builds are never written (their pages never become resident)
+    # and are dropped for empty packed ones, which the plan then fills
+    model = Transformer(args, dtype=dtype, device=device)
+    replace_weights(model, lambda w: PackedWeight(*w.shape, dtype=w.dtype, device=w.device))
+    fill(model.plan(model.family.prefix(index.where)), index, model.device)
+    unfilled = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, PackedWeight) and sum(s.shape[0] for s in m.segments) != m.shape[0]
+    ]
+    if unfilled:
+        raise CheckpointError(f"{name}: the GGUF file does not fill {unfilled[0]}")
+    model.family.finish_load(model)
+    return model.eval()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.models.packed import PackedMatrix
 from specgen.models.weights import LinearWeight
 
 MULTIMODAL_PREFIX = "model.language_model."
@@ -32,10 +33,12 @@ class Row:
         whole = self.dest.dense() if isinstance(self.dest, LinearWeight) else self.dest
         return whole[self.offset : self.offset + self.shape[0]]
 
-    def load(self, tensor: torch.Tensor) -> None:
+    def load(self, tensor) -> None:  # a tensor, or a PackedMatrix from a quantized file
         if isinstance(self.dest, LinearWeight):
             self.dest.load(tensor, self.offset)
         else:
+            if isinstance(tensor, PackedMatrix):  # a norm or bias stored quantized
+                tensor = tensor.dequantize(dtype=self.dest.dtype)
             self.dest.data[self.offset : self.offset + tensor.shape[0]].copy_(tensor)
 
 

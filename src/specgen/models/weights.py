@@ -107,18 +107,25 @@ def register_format(name: str):
     return add
 
 
+def replace_weights(module: nn.Module, make) -> None:
+    """Every dense weight `w` in `module` replaced by `make(w)`, in place. A weight held in
+    two places (a tied head) stays one weight."""
+    made: dict[int, LinearWeight] = {}
+    for parent in list(module.modules()):
+        # _modules, not named_children(): that lists a module held twice (tied) only once
+        for child_name, child in list(parent._modules.items()):
+            if type(child) is DenseWeight:
+                if id(child) not in made:
+                    made[id(child)] = make(child)
+                setattr(parent, child_name, made[id(child)])
+
+
 def convert_weights(module: nn.Module, name: str) -> None:
-    """Every dense weight in `module` stored as format `name` instead, in place. A weight
-    held in two places (a tied head) stays one weight."""
+    """Every dense weight in `module` stored as format `name` instead, in place."""
     if name not in FORMATS:
         raise ValueError(f"unknown weight format {name!r} (known: {', '.join(FORMATS)})")
-    kind, made = FORMATS[name], {}
-    for parent in list(module.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, DenseWeight) and not isinstance(child, kind):
-                if id(child) not in made:
-                    made[id(child)] = kind.from_dense(child)
-                setattr(parent, child_name, made[id(child)])
+    if name != "dense":
+        replace_weights(module, FORMATS[name].from_dense)
 
 
 def held_tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -1,0 +1,198 @@
+/* Packed-weight matrix products for the CPU: y[M, N] = x[M, K] W^T with W held as 4- or
+ * 8-bit integers in groups, never dequantized into memory as a whole.
+ *
+ * Each weight is w = s_g q + m_g for the scale s_g and offset m_g of its group (m_g = 0 for
+ * symmetric formats). The product is computed blockwise:
+ *     y = sum_blocks s_b * (sum_{k in b} q_k x_k)  +  sum_g m_g * (sum of x over group g)
+ * with blocks of 32 columns (16 when the group is 16), which is the dequantized matrix's
+ * product up to fp32 summation order.
+ *
+ * Batch invariance: output (r, n) is always the same arithmetic: 8 lanes; per block, one
+ * product and then fused multiply-adds in column order into a block sum t, then acc =
+ * fma(t, s_b, acc); at the end a fixed tree over the lanes, then the offsets in group order.
+ * Neither M, nor the tiling, nor the thread changes it, so a verify block's rows equal
+ * one-row decode steps bit for bit. The AVX2 and portable paths compute exactly this; no
+ * -ffast-math (the compiler may not reorder sums).
+ *
+ * Q4 layout (GGUF's Q4_0/Q4_1): per 32 columns, 16 bytes; column j < 16 is the low nibble of
+ * byte j, column j + 16 its high nibble. Q8: one int8 per column.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 8
+#define COLS 4 /* output columns per tile */
+#define KC 512 /* columns of K unpacked at a time by the many-row path */
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SIMD 1
+#endif
+
+static inline float lanes_sum(const float *a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* W's row n, columns [k, k + 32), as floats q (unscaled, exact) */
+static inline void unpack32(const void *w, int bits, int64_t K, int64_t n, int64_t k,
+                            float *o) {
+    if (bits == 4) {
+        const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
+#ifdef SIMD
+        __m128i v = _mm_loadu_si128((const __m128i *)b), low = _mm_set1_epi8(15);
+        __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+        _mm256_storeu_ps(o, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)));
+        _mm256_storeu_ps(o + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))));
+        _mm256_storeu_ps(o + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
+        _mm256_storeu_ps(o + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
+#else
+        for (int j = 0; j < 16; j++) {
+            o[j] = (float)(b[j] & 15);
+            o[j + 16] = (float)(b[j] >> 4);
+        }
+#endif
+    } else {
+        const int8_t *q = (const int8_t *)w + n * K + k;
+#ifdef SIMD
+        __m128i v0 = _mm_loadu_si128((const __m128i *)q), v1 = _mm_loadu_si128((const __m128i *)(q + 16));
+        _mm256_storeu_ps(o, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)));
+        _mm256_storeu_ps(o + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))));
+        _mm256_storeu_ps(o + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)));
+        _mm256_storeu_ps(o + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))));
+#else
+        for (int j = 0; j < 32; j++) o[j] = (float)q[j];
+#endif
+    }
+}
+
+/* acc[lane] = fma(sum over the block's vectors of x * w, s, acc): `vecs` vectors of 8 */
+#ifdef SIMD
+static inline __m256 block_dot(const float *x, const float *w, int vecs, __m256 s, __m256 acc) {
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(w));
+    for (int v = 1; v < vecs; v++)
+        t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * v), _mm256_loadu_ps(w + 8 * v), t);
+    return _mm256_fmadd_ps(t, s, acc);
+}
+#endif
+static inline void block_dot_scalar(const float *x, const float *w, int vecs, float s,
+                                    float *acc) {
+    for (int l = 0; l < LANES; l++) {
+        float t = x[l] * w[l];
+        for (int v = 1; v < vecs; v++) t = fmaf(x[8 * v + l], w[8 * v + l], t);
+        acc[l] = fmaf(t, s, acc[l]);
+    }
+}
+
+#ifdef SIMD
+/* one row against COLS unpacked columns: the row's block once in registers (VECS vectors) */
+#define ROW_BLOCKS(NAME, VECS)                                                                \
+    static inline void NAME(const float *xr, const float *wb, int64_t len, const float *sc,  \
+                            int64_t groups, int64_t k0, int shift, int64_t cols, __m256 *a) { \
+        for (int64_t k = 0; k < len; k += 8 * VECS) {                                         \
+            __m256 xv[VECS];                                                                  \
+            for (int v = 0; v < VECS; v++) xv[v] = _mm256_loadu_ps(xr + k + 8 * v);         \
+            int64_t g = (k0 + k) >> shift;                                                    \
+            for (int c = 0; c < COLS; c++) {                                                  \
+                const float *wc = wb + c * KC + k;                                            \
+                __m256 t = _mm256_mul_ps(xv[0], _mm256_loadu_ps(wc));                         \
+                for (int v = 1; v < VECS; v++)                                                \
+                    t = _mm256_fmadd_ps(xv[v], _mm256_loadu_ps(wc + 8 * v), t);               \
+                float sv = c < cols ? sc[c * groups + g] : 0.0f;                              \
+                a[c] = _mm256_fmadd_ps(t, _mm256_set1_ps(sv), a[c]);                          \
+            }                                                                                 \
+        }                                                                                     \
+    }
+ROW_BLOCKS(row_blocks4, 4)
+ROW_BLOCKS(row_blocks2, 2)
+#endif
+
+/* One tile of COLS output columns, all M rows. `wb`: scratch of COLS * KC floats. */
+static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                 const float *scale, int64_t group, int64_t n0, int64_t cols, float *acc,
+                 float *wb) {
+    int64_t sb = group == 16 ? 16 : 32, vecs = sb / 8, groups = K / group;
+    int shift = 0; /* group is a power of two: k >> shift is k's group (no division per block) */
+    while (((int64_t)1 << shift) < group) shift++;
+    memset(acc, 0, sizeof(float) * M * COLS * LANES);
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        int64_t len = K - k0 < KC ? K - k0 : KC;
+        for (int c = 0; c < COLS; c++)
+            if (c < cols)
+                for (int64_t k = 0; k < len; k += 32) unpack32(w, bits, K, n0 + c, k0 + k, wb + c * KC + k);
+            else
+                memset(wb + c * KC, 0, sizeof(float) * len);
+        for (int64_t r = 0; r < M; r++) {
+            const float *xr = x + r * K + k0;
+#ifdef SIMD
+            __m256 a[COLS];
+            for (int c = 0; c < COLS; c++) a[c] = _mm256_loadu_ps(acc + (r * COLS + c) * LANES);
+            const float *sc = scale + n0 * groups;
+            if (vecs == 4)
+                row_blocks4(xr, wb, len, sc, groups, k0, shift, cols, a);
+            else
+                row_blocks2(xr, wb, len, sc, groups, k0, shift, cols, a);
+            for (int c = 0; c < COLS; c++) _mm256_storeu_ps(acc + (r * COLS + c) * LANES, a[c]);
+#else
+            for (int64_t k = 0; k < len; k += sb)
+                for (int c = 0; c < COLS; c++) {
+                    float s = c < cols ? scale[(n0 + c) * groups + ((k0 + k) >> shift)] : 0.0f;
+                    block_dot_scalar(xr + k, wb + c * KC + k, (int)vecs, s, acc + (r * COLS + c) * LANES);
+                }
+#endif
+        }
+    }
+}
+
+/* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */
+static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) {
+    int64_t groups = K / group;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            float acc[LANES] = {0};
+            const float *xg = x + r * K + g * group;
+            for (int64_t k = 0; k < group; k += LANES)
+                for (int l = 0; l < LANES; l++) acc[l] += xg[k + l];
+            xs[r * groups + g] = lanes_sum(acc);
+        }
+}
+
+/* y[M, N] = x[M, K] W^T. bits 4 (w: uint8 [N, K/2]) or 8 (w: int8 [N, K]); scale and mins:
+ * float [N, K/group], mins NULL for symmetric formats; group: 16 (8 bits only) or a multiple
+ * of 32; K a multiple of 32 and of group; xs: scratch of M * K/group floats. Returns 0, or -1
+ * when scratch memory could not be had. */
+int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                  const float *scale, const float *mins, int64_t N, int64_t group, float *y,
+                  float *xs, int nthreads) {
+    int64_t groups = K / group, tiles = (N + COLS - 1) / COLS;
+    int failed = 0;
+    if (mins) group_sums(x, M, K, group, xs);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *wb = malloc(sizeof(float) * COLS * KC);
+        float *acc = malloc(sizeof(float) * M * COLS * LANES);
+        if (!wb || !acc) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                int64_t n0 = t * COLS, cols = N - n0 < COLS ? N - n0 : COLS;
+                tile(x, M, K, w, bits, scale, group, n0, cols, acc, wb);
+                for (int64_t r = 0; r < M; r++)
+                    for (int c = 0; c < cols; c++) {
+                        float off = 0.0f;
+                        if (mins) {
+                            const float *m = mins + (n0 + c) * groups;
+                            for (int64_t g = 0; g < groups; g++) off += m[g] * xs[r * groups + g];
+                        }
+                        y[r * N + n0 + c] = lanes_sum(acc + (r * COLS + c) * LANES) + off;
+                    }
+            }
+        }
+        free(wb);
+        free(acc);
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,149 @@
+"""Tiny GGUF targets in llama.cpp's layout, run packed: the same weights as their dequantized
+oracle, the same logits up to fp32 summation, and every method greedy-identical to AR with
+packed weights. Also `--quantize int4|int8` targets, and the bad inputs of both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from packed_helpers import write_tiny_gguf
+
+from specgen.config import SpecConfig
+from specgen.errors import CheckpointError, OptionError
+from specgen.loader import Decoding, Target, load_target
+from specgen.models.loading import load_gguf_target
+from specgen.models.loading import load_target as load_dense
+from specgen.models.weights import DenseWeight, LinearWeight
+from specgen.pipeline import Pipeline
+
+MIXES = {  # how llama.cpp files mix formats: a Q4_K_M keeps attn_v and ffn_down in Q6_K
+    "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},
+    "q4_0": {"": "Q4_0"},
+    "q8_0": {"": "Q8_0"},
+    "q5": {"attn_k": "Q5_0", "": "Q5_1"},
+    "q4_k_m": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_q": "Q5_K", "": "Q4_K"},
+}
+
+
+def weights(model) -> dict[str, LinearWeight]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LinearWeight)}
+
+
+@pytest.fixture(scope="module")
+def wide_qwen2(tmp_path_factory):
+    """256 wide: whole K-quant super-blocks in every matrix (the 64-wide tiny families get
+    llama.cpp's fallback types instead, as small real tensors do)."""
+    from conftest import save_tiny
+
+    path = tmp_path_factory.mktemp("wide-qwen2")
+    save_tiny(path, "qwen2", seed=4, hidden_size=256, intermediate_size=512)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_a_gguf_target_runs_packed_on_its_own_weights(tiny_dirs, wide_qwen2, tmp_path, family,
+                                                      mix):  # fmt: skip
+    hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    dense = load_dense(oracle_dir, dtype=torch.float32, device="cpu")
+    assert not any(type(m) is DenseWeight for m in packed.modules())
+    if family == "wide" and mix == "q4_k_m":  # the K-quants themselves, not their fallbacks
+        assert all(k in packed.weights_identity for k in ("Q4_K", "Q5_K", "Q6_K"))
+    assert (packed.lm_head is packed.embed) == (dense.lm_head is dense.embed)
+    assert packed.resident_bytes < dense.resident_bytes
+    for name, w in weights(dense).items():  # the q/k rows back in HF order, nothing lost
+        assert torch.equal(weights(packed)[name].dense(), w.dense()), name
+    tokens = torch.randint(
+        0, dense.args.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0)
+    )
+    outs = []
+    for model in (packed, dense):
+        cache = model.new_cache(32, steps=4)
+        outs.append((model(tokens[:, :6], cache).logits, model(tokens[:, 6:], cache).logits))
+    for got, want in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def packed_pipeline(hf_dir, gguf_path) -> Pipeline:
+    base = Pipeline.load(str(hf_dir), device="cpu", dtype="float32")
+    model = load_gguf_target(gguf_path, hf_dir, dtype=torch.float32, device="cpu")
+    return Pipeline._of(Target(model, base.codec, "tiny-gguf", base.context, "test"),
+                        Decoding(SpecConfig()))  # fmt: skip
+
+
+@pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
+def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path, mix
+):
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES[mix])
+    ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
+    assert "packed" in ar.model.weights_identity
+    for prompt in ("packed weights", "a second prompt, longer than the first one"):
+        want = ar.generate(prompt, max_new_tokens=32, raw=True).token_ids
+        for spec in (
+            SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full"),
+            SpecConfig(method="dspark", drafter=str(tiny_dspark), verify_policy="full"),
+            SpecConfig(method="dflash", drafter=str(tiny_dflash)),  # scheduled verify lengths
+            SpecConfig(method="ngram"),
+        ):
+            got = ar.with_spec(spec).generate(prompt, max_new_tokens=32, raw=True)
+            assert got.token_ids == want, (spec.method, prompt)
+
+
+@pytest.mark.parametrize("bits", ["int8", "int4"])
+def test_quantize_on_load_packs_every_matrix(tiny_qwen3_deep, tiny_dflash, bits):
+    dense = load_target(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    packed = load_target(str(tiny_qwen3_deep), device="cpu", dtype="float32", quantize=bits)
+    assert packed.model.weights_identity == f"packed-{bits}-g32"
+    assert packed.model.resident_bytes < dense.model.resident_bytes / (2 if bits == "int8" else 4)
+    for name, w in weights(dense.model).items():
+        err = (weights(packed.model)[name].dense() - w.dense()).abs().max().item()
+        assert 0 < err <= w.dense().abs().max().item() / (100 if bits == "int8" else 10)
+    ar = Pipeline._of(packed, Decoding(SpecConfig()))
+    want = ar.generate("quantized", max_new_tokens=24, raw=True).token_ids
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")
+    assert ar.with_spec(spec).generate("quantized", max_new_tokens=24, raw=True).token_ids == want
+
+
+def test_quantize_refuses_what_it_cannot_do(tiny_qwen3_deep, tmp_path):
+    with pytest.raises(OptionError, match=r"--quantize must be int8 or int4 \(got int3\)"):
+        load_target(str(tiny_qwen3_deep), device="cpu", quantize="int3")
+
+
+def test_an_unsupported_gguf_type_is_named_with_the_supported_ones(tiny_dirs, tmp_path):
+    import gguf
+    import numpy as np
+    from packed_helpers import qtype
+
+    hf = tiny_dirs["qwen3"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", {"": "Q8_0"})
+    # rewrite one matrix as Q2_K: random bytes in its layout
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    writer = gguf.GGUFWriter(str(tmp_path / "q2.gguf"), "qwen3")
+    writer.add_block_count(2)
+    for t in reader.tensors:
+        if t.name == "blk.0.ffn_up.weight":
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            size = gguf.GGML_QUANT_SIZES[qtype("Q2_K")][1]
+            data = np.zeros((rows, cols // 256 * size), dtype=np.uint8)
+            writer.add_tensor(t.name, data, raw_dtype=qtype("Q2_K"))
+        else:
+            writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_up\.weight is Q2_K.*supported: .*Q4_K"):
+        load_gguf_target(tmp_path / "q2.gguf", hf, dtype=torch.float32, device="cpu")
+
+
+def test_a_truncated_gguf_fails_in_one_line(tiny_dirs, tmp_path):
+    hf = tiny_dirs["qwen3"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", {"": "Q4_0"})
+    data = (tmp_path / "t.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(CheckpointError, match=r"cut.gguf.*(not a readable GGUF|cannot read)"):
+        load_gguf_target(tmp_path / "cut.gguf", hf, dtype=torch.float32, device="cpu",
+                         name=str(tmp_path / "cut.gguf"))  # fmt: skip

@@ -86,6 +86,8 @@ class PackedWeight(LinearWeight):
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows by index, dequantized: an embedding (one row per token) or a trimmed head."""
         flat = ids.reshape(-1)
+        if len(self.segments) == 1:  # the usual case, and no host sync (CUDA graphs)
+            return self.segments[0].dequantize(flat, dtype=self._dtype).view(*ids.shape, -1)
         out = torch.empty(flat.numel(), self._shape[1], dtype=self._dtype, device=self._device)
         for start, seg in zip(self.starts, self.segments, strict=True):
             hit = ((flat >= start) & (flat < start + seg.shape[0])).nonzero().view(-1)

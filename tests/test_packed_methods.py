@@ -147,3 +147,28 @@ def test_a_truncated_gguf_fails_in_one_line(tiny_dirs, tmp_path):
     with pytest.raises(CheckpointError, match=r"cut.gguf.*(not a readable GGUF|cannot read)"):
         load_gguf_target(tmp_path / "cut.gguf", hf, dtype=torch.float32, device="cpu",
                          name=str(tmp_path / "cut.gguf"))  # fmt: skip
+
+
+def test_models_says_how_a_loaded_targets_weights_are_held(tiny_qwen3_deep):
+    import json
+
+    from test_cli import assert_one_line_error, run
+
+    got = run("models", str(tiny_qwen3_deep), "--quantize", "int4", "--json")
+    assert got.exit_code == 0, got.output
+    row = json.loads(got.stdout)
+    assert row["formats"] == {"packed-int4-g32": 26} and row["matrix_bits_per_weight"] == 6.0
+    dense = json.loads(run("models", str(tiny_qwen3_deep), "--json").stdout)
+    assert (
+        dense["formats"] == {"dense-float32": 26}
+        and dense["resident_bytes"] > row["resident_bytes"]
+    )
+    bad = run("models", str(tiny_qwen3_deep), "--quantize", "int3")
+    assert_one_line_error(bad, 2, "--quantize must be int8 or int4 (got int3)")
+
+
+def test_quantize_on_the_embedded_gguf_is_refused_in_one_line(embedded_gguf):
+    from test_cli import assert_one_line_error, run
+
+    got = run("generate", "--quantize", "int8", "--device", "cpu", "hello")
+    assert_one_line_error(got, 2, "--quantize is not for smollm2-135m", "already quantized")

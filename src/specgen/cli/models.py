@@ -8,9 +8,11 @@ import typer
 
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
-from specgen.cli.options import DebugOpt, JsonOpt, Run
+from specgen.cli.options import OPTIONS, DebugOpt, JsonOpt, Run
 from specgen.errors import ModelNotFoundError
 from specgen.registry import DEFAULT_ALIAS, MODELS, ModelEntry
+
+QuantizeOpt, DequantizeOpt = OPTIONS["quantize"], OPTIONS["dequantize"]
 
 
 def _status(entry: ModelEntry) -> str:
@@ -23,9 +25,21 @@ def _status(entry: ModelEntry) -> str:
     return "not downloaded"
 
 
-def models(json_out: JsonOpt = False, debug: DebugOpt = Run.debug) -> None:
-    """List model aliases, their drafters, and whether they are available offline."""
+def models(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="Load this model (alias, path, .gguf) and say what its weights are."),
+    ] = None,
+    quantize: QuantizeOpt = None,
+    dequantize: DequantizeOpt = False,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = Run.debug,
+) -> None:
+    """List model aliases, their drafters, and whether they are available offline; with a
+    MODEL, load it and report how its weights are held (format, bits, bytes resident)."""
     with user_errors(debug):
+        if model is not None:
+            return _weights(model, quantize, dequantize, json_out)
         rows = []
         for entry in MODELS.values():
             rows.append(
@@ -43,6 +57,38 @@ def models(json_out: JsonOpt = False, debug: DebugOpt = Run.debug) -> None:
                 display.write_json(row)
         else:
             display.show(display.models_table(rows))
+
+
+def _weights(model: str, quantize: str | None, dequantize: bool, json_out: bool) -> None:
+    quiet_libraries()
+    from specgen.device import resolve_device, resolve_dtype
+    from specgen.hub import resolve_model
+    from specgen.loader import load_weights
+    from specgen.models.weights import describe_weights
+
+    resolved = resolve_model(model, notify=None if json_out else display.status)
+    dev = resolve_device("cpu")
+    target = load_weights(
+        resolved,
+        resolve_dtype("auto", dev),
+        dev,
+        quantize=quantize,
+        dequantize=dequantize,
+        notify=None if json_out else display.status,
+    )
+    row = {"model": resolved.name, **describe_weights(target)}
+    if resolved.gguf is not None:
+        row["file_bytes"] = resolved.gguf.stat().st_size
+    if json_out:
+        display.write_json(row)
+        return
+    kinds = ", ".join(f"{k} x{n}" for k, n in row["formats"].items())
+    size = f"{row['resident_bytes'] / 2**20:.1f} MiB resident"
+    if "file_bytes" in row:
+        size += f" (file {row['file_bytes'] / 2**20:.1f} MiB)"
+    display.status(
+        f"{row['model']}: {kinds}; {row['matrix_bits_per_weight']} bits per matrix weight; {size}"
+    )
 
 
 def pull(

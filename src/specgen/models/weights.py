@@ -143,3 +143,19 @@ def weights_identity(module: nn.Module) -> str:
     """The storage formats of `module`'s matrices, e.g. "dense-float32" (cost-table keys)."""
     kinds = sorted({m.identity for m in module.modules() if isinstance(m, LinearWeight)})
     return "+".join(kinds) or "none"
+
+
+def describe_weights(module: nn.Module) -> dict:
+    """What `module`'s matrices are held as: each storage format with its matrix count, the
+    bits they take per weight, and the bytes everything resident takes."""
+    weights = {id(m): m for m in module.modules() if isinstance(m, LinearWeight)}.values()
+    formats: dict[str, int] = {}
+    for w in weights:
+        formats[w.identity] = formats.get(w.identity, 0) + 1
+    count = sum(w.shape[0] * w.shape[1] for w in weights)
+    held = sum(w.nbytes for w in weights)
+    return {
+        "formats": dict(sorted(formats.items())),
+        "matrix_bits_per_weight": round(8 * held / count, 2) if count else None,
+        "resident_bytes": resident_bytes(module),
+    }

@@ -172,3 +172,23 @@ def test_quantize_on_the_embedded_gguf_is_refused_in_one_line(embedded_gguf):
 
     got = run("generate", "--quantize", "int8", "--device", "cpu", "hello")
     assert_one_line_error(got, 2, "--quantize is not for smollm2-135m", "already quantized")
+
+
+def test_a_drafter_trains_against_the_packed_target_it_will_verify_with(tiny_qwen3_deep, tmp_path):
+    import json
+
+    from test_cli import FAST, run
+
+    data = tmp_path / "r.jsonl"
+    data.write_text(json.dumps({"prompt_ids": [5, 6, 7, 8], "response_ids": list(range(20, 60))}))
+    out = tmp_path / "d"
+    trained = run("train", "--model", str(tiny_qwen3_deep), "--quantize", "int4", "--kind",
+                  "dflash", "--data", str(data), "--out", str(out), "--steps", "2",
+                  "--target-layers", "1,3", "--block-size", "4", "--mask-token-id", "319",
+                  "--device", "cpu")  # fmt: skip
+    assert trained.exit_code == 0, trained.stderr
+    args = ("hi", "--model", str(tiny_qwen3_deep), "--quantize", "int4", *FAST, "--json")
+    want = json.loads(run("generate", *args, "--method", "ar").stdout)["token_ids"]
+    got = run("generate", *args, "--drafter", str(out), "--verify-policy", "full")
+    assert got.exit_code == 0, got.stderr
+    assert json.loads(got.stdout)["token_ids"] == want

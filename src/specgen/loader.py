@@ -83,7 +83,8 @@ def load_target(
         raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
     codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
     context = context or min(limit, DEFAULT_CONTEXT)
-    return Target(target, codec, resolved.name, context, str(resolved.path))
+    source = resolved.gguf or resolved.path  # a GGUF target: its file (bench's `hf` reads it)
+    return Target(target, codec, resolved.name, context, str(source))
 
 
 def load_weights(

@@ -2,11 +2,11 @@
 
 specgen's AR loop is the baseline every speedup is measured against; this one answers the
 question a user actually has ("faster than what I would otherwise run?"). It loads the
-model directory specgen resolved (for the embedded default: the GGUF already converted to
-safetensors) with `AutoModelForCausalLM` at the target's dtype and device, and decodes the
-same prompt ids with `generate` (greedy, or the same temperature / top-k / top-p), batch 1,
-KV cache on. A streamer marks the first new token for TTFT. At T = 0 in fp32 its tokens
-equal specgen AR's, which the bench's identity check shows.
+model directory specgen resolved (for a GGUF target such as the embedded default: its
+dequantized safetensors copy) with `AutoModelForCausalLM` at the target's dtype and
+device, and decodes the same prompt ids with `generate` (greedy, or the same temperature,
+top-k and top-p), batch 1, KV cache on. A streamer marks the first new token for TTFT. At
+T = 0 in fp32 its tokens equal specgen AR's, which the bench's identity check shows.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class TransformersBaseline:
     def __init__(self, path: Path, dtype: torch.dtype, device: torch.device, stop_ids) -> None:
         from transformers import AutoModelForCausalLM
 
+        if path.suffix == ".gguf":  # transformers reads the dequantized copy specgen caches
+            from specgen.models.gguf import ensure_converted
+
+            path = ensure_converted(path, weights=True)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         self.device = device
         self.stop_ids = sorted(stop_ids)

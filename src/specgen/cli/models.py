@@ -8,11 +8,9 @@ import typer
 
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
-from specgen.cli.options import OPTIONS, DebugOpt, JsonOpt, Run
+from specgen.cli.options import DebugOpt, DequantizeOpt, JsonOpt, QuantizeOpt, Run
 from specgen.errors import ModelNotFoundError
 from specgen.registry import DEFAULT_ALIAS, MODELS, ModelEntry
-
-QuantizeOpt, DequantizeOpt = OPTIONS["quantize"], OPTIONS["dequantize"]
 
 
 def _status(entry: ModelEntry) -> str:

@@ -288,6 +288,7 @@ GROUPS = _groups()  # group -> its options, in `Run`'s order
 
 # For commands that take a shared option without a `Run` (export, train, models).
 ModelOpt, DeviceOpt, DebugOpt = OPTIONS["model"], OPTIONS["device"], OPTIONS["debug"]
+QuantizeOpt, DequantizeOpt = OPTIONS["quantize"], OPTIONS["dequantize"]
 JsonOpt = Annotated[
     bool,
     typer.Option("--json", help="One JSON object per prompt: prompt, text, token_ids, stats."),

@@ -9,7 +9,7 @@ import typer
 
 from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
-from specgen.cli.options import DebugOpt, DeviceOpt, ModelOpt, Run
+from specgen.cli.options import DebugOpt, DequantizeOpt, DeviceOpt, ModelOpt, QuantizeOpt, Run
 from specgen.display import plural
 
 
@@ -93,6 +93,8 @@ def train(
         bool, typer.Option("--resume", help="Continue from OUT/state.safetensors.")
     ] = False,
     device: DeviceOpt = Run.device,
+    quantize: QuantizeOpt = None,
+    dequantize: DequantizeOpt = False,
     debug: DebugOpt = Run.debug,
 ) -> None:
     """Train a drafter (time- or step-bounded, resumable) and write it in its public format.
@@ -132,10 +134,23 @@ def train(
         dev = resolve_device(device)
         files = list(data or [])
         if prompts:
-            files.append(_answer(resolved, dev, prompts, out, prompt_tokens, max_new_tokens, batch))
+            files.append(
+                _answer(
+                    resolved,
+                    dev,
+                    prompts,
+                    out,
+                    prompt_tokens,
+                    max_new_tokens,
+                    batch,
+                    dict(quantize=quantize, dequantize=dequantize),
+                )
+            )
             if not minutes and not steps:
                 return
-        target = load_weights(resolved, torch.float32, dev)
+        target = load_weights(
+            resolved, torch.float32, dev, quantize=quantize, dequantize=dequantize
+        )
         sequences = [seq for path in files for seq in load_sequences(path)]
         if not sequences:
             raise SpecgenError("no answers to train on")
@@ -186,7 +201,7 @@ def train(
 
 
 def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens: int,
-            max_new_tokens: int, batch: int) -> Path:  # fmt: skip
+            max_new_tokens: int, batch: int, weights: dict) -> Path:  # fmt: skip
     """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
     import torch
 
@@ -197,7 +212,7 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
 
     texts = [p.text for path in prompts for p in read_prompts(path)]
     dtype = generation_dtype(torch.device(device))
-    model = load_weights(resolved, dtype, device)
+    model = load_weights(resolved, dtype, device, **weights)
     codec = TextCodec(resolved.path, resolved.name, model.args.eos_token_ids)
 
     def encode(text: str) -> list[int]:

@@ -192,3 +192,15 @@ def test_a_drafter_trains_against_the_packed_target_it_will_verify_with(tiny_qwe
     got = run("generate", *args, "--drafter", str(out), "--verify-policy", "full")
     assert got.exit_code == 0, got.stderr
     assert json.loads(got.stdout)["token_ids"] == want
+
+
+def test_a_drafter_of_another_vocabulary_is_refused_on_a_packed_target(tiny_qwen3_deep, tmp_path):
+    from test_cli import assert_one_line_error, run
+
+    from conftest import TINY_VOCAB, save_tiny_dflash
+
+    other = save_tiny_dflash(tmp_path / "d", vocab=TINY_VOCAB + 64, mask_token_id=5,
+                             target_layer_ids=[1, 3])  # fmt: skip
+    got = run("generate", "hi", "--model", str(tiny_qwen3_deep), "--quantize", "int4",
+              "--drafter", str(other), "--device", "cpu")  # fmt: skip
+    assert_one_line_error(got, 2, "does not fit target", f"vocabulary {TINY_VOCAB + 64} vs")

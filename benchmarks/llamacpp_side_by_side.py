@@ -101,8 +101,11 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=None, help="first N of the sample")
     ap.add_argument("--methods", default="dflash,dspark")
-    ap.add_argument("--no-dequantized-methods", action="store_true",
-                    help="skip the methods on the dequantized target (faster)")
+    ap.add_argument(
+        "--no-dequantized-methods",
+        action="store_true",
+        help="skip the methods on the dequantized target (faster)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -159,8 +162,10 @@ def main() -> None:
                "tokens_after_first_difference": tokens_differing}  # fmt: skip
         summary["configs"][name] = row
         tau_s = f"{tau:6.2f}" if tau else "     -"
-        print(f"{name:<22}{tps:8.1f}{tps / base:9.2f}{ttft:8.3f}{tau_s}  "
-              f"{same}/{len(rs)} identical to {ref}, {tokens_differing} tokens after a difference")
+        print(
+            f"{name:<22}{tps:8.1f}{tps / base:9.2f}{ttft:8.3f}{tau_s}  "
+            f"{same}/{len(rs)} identical to {ref}, {tokens_differing} tokens after a difference"
+        )
     print(json.dumps(summary))
 
 

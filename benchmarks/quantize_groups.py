@@ -60,9 +60,12 @@ def main() -> None:
                 kl += (p.exp() * (p - lq)).sum(-1).sum().item()
                 agree += (got.argmax(-1) == b.argmax(-1)).sum().item()
                 total += len(s)
-            row = {"relative_error": round((num / den) ** 0.5, 5),
-                   "bits_per_weight": describe_weights(q.model)["matrix_bits_per_weight"],
-                   "mean_kl": round(kl / total, 5), "argmax_agreement": round(agree / total, 4)}  # fmt: skip
+            row = {
+                "relative_error": round((num / den) ** 0.5, 5),
+                "bits_per_weight": describe_weights(q.model)["matrix_bits_per_weight"],
+                "mean_kl": round(kl / total, 5),
+                "argmax_agreement": round(agree / total, 4),
+            }
             out[f"{bits}-g{group}"] = row
             print(f"{bits}-g{group}: {row}", flush=True)
     print(json.dumps(out))

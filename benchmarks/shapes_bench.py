@@ -94,7 +94,7 @@ def _randomize(module: torch.nn.Module) -> None:
         p.data.copy_(torch.randn(p.shape, generator=gen, device=p.device) * 0.02)
 
 
-def build(target_cfg: dict, device: str, dtype: torch.dtype):
+def build(target_cfg: dict, device: str, dtype: torch.dtype, quantize: str | None = None):
     from specgen.drafting.dflash import DFlashMethod
     from specgen.drafting.dspark import DSparkMethod
     from specgen.models.dflash import DFlashArgs, DFlashNet
@@ -104,6 +104,11 @@ def build(target_cfg: dict, device: str, dtype: torch.dtype):
 
     target = Transformer(model_args(target_cfg), dtype=dtype, device=device)
     _randomize(target)
+    if quantize:  # the target's matrices packed (issue 33's GPU targets: int4 vs bf16)
+        import specgen.models.weights_packed  # noqa: F401  (registers int4/int8)
+        from specgen.models.weights import convert_weights
+
+        convert_weights(target, quantize)
     dflash = DFlashNet(
         DFlashArgs.from_hf(_drafter_config(target_cfg, "dflash"), name="dflash"),
         dtype=dtype,
@@ -183,6 +188,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--contexts", default="512,4096")
+    parser.add_argument("--quantize", choices=("int8", "int4"), help="pack the target's matrices")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -199,7 +205,7 @@ def main() -> None:
         name = path.name.removesuffix(".config.json")
         cfg = json.loads(path.read_text())
         started = time.perf_counter()
-        target, methods = build(cfg, args.device, dtype)
+        target, methods = build(cfg, args.device, dtype, args.quantize)
         table = measure_costs(target, 16, contexts=contexts, repeats=5)
         row: dict = {"contexts": {}}
         for c, seconds in zip(table.contexts, table.seconds, strict=True):

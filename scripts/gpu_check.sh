@@ -51,6 +51,12 @@ timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tes
   tests/test_gpu_gemma4.py 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"
 
+# 2b. packed weights (issue 33): Qwen3-8B shapes with int4 matrices (Triton dequant kernel):
+#     int4 AR vs the bf16 AR of step 3, and a 16-token verify over an int4 AR step
+timeout 150 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 --contexts 512 \
+  --quantize int4 --target tests/fixtures/qwen3-8b.config.json \
+  --out "$OUT/shapes-int4.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes-int4.txt"
+
 # 3. step costs at Qwen3-4B and Qwen3-8B shapes, then Qwen3.5-4B and -9B (hybrid)
 timeout 200 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 \
   --contexts 512,4096 --out "$OUT/shapes.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes.txt"

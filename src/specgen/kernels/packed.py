@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from specgen.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
+# below this many multiply-adds one thread does the product: waking OpenMP's second thread
+# (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
+MIN_PARALLEL_WORK = 1 << 18
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 
 

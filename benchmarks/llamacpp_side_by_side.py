@@ -6,8 +6,8 @@
 Every prompt of the Spec-Bench sample goes, in turn, to llama.cpp (llama-cpp-python on the
 embedded default's GGUF, or --gguf) and to each specgen configuration: AR on packed
 weights, AR dequantized to fp32 (the old path), and each method on packed weights (and
-dequantized, to check that the drafters trained on the dequantized target accept as much
-on the packed one). The order rotates per prompt so all see the same machine load; all
+dequantized; with --acceptance also verifying every draft whole, to check that the
+drafters trained on the dequantized target accept as much on the packed one). The order rotates per prompt so all see the same machine load; all
 get the same token ids (specgen's chat template) and stop at the same length.
 
 Reported per configuration: median decode tokens/s and its ratio to llama.cpp's, median
@@ -125,6 +125,10 @@ def main() -> None:
         runners[method] = Specgen(packed.with_spec(SpecConfig(method=method)))
         if not args.no_dequantized_methods:
             runners[f"{method}-dequantized"] = Specgen(dense.with_spec(SpecConfig(method=method)))
+        if args.acceptance:
+            full = SpecConfig(method=method, verify_policy="full")
+            runners[f"{method}-full"] = Specgen(packed.with_spec(full))
+            runners[f"{method}-full-dequantized"] = Specgen(dense.with_spec(full))
     stops = set(packed.model.args.eos_token_ids)
     results: dict[str, list[dict]] = {name: [] for name in runners}
     names = list(runners)

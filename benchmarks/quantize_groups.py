@@ -41,9 +41,9 @@ def main() -> None:
     for bits in ("int8", "int4"):
         for group in (32, 64, 128):
             import specgen.models.weights_packed as wp
+            from specgen.models.weights import FORMATS
 
-            setattr(wp, f"GROUP_{bits.upper()}", group)
-            wp.FORMATS[bits] = wp._quantized(int(bits[-1]), group)
+            FORMATS[bits] = wp._quantized(int(bits[-1]), group)  # this group size
             q = Pipeline.load("smollm2-135m", device="cpu", dequantize=True)
             dense = {n: m.dense().clone() for n, m in q.model.named_modules()
                      if isinstance(m, LinearWeight)}  # fmt: skip

@@ -8,7 +8,8 @@ embedded default's GGUF, or --gguf) and to each specgen configuration: AR on pac
 weights, AR dequantized to fp32 (the old path), and each method on packed weights (and
 dequantized; with --acceptance also verifying every draft whole, to check that the
 drafters trained on the dequantized target accept as much on the packed one). The order
-rotates per prompt so all see the same machine load; all get the same token ids (specgen's chat template) and stop at the same length.
+rotates per prompt so all see the same machine load; all get the same token ids
+(specgen's chat template) and stop at the same length.
 
 Reported per configuration: median decode tokens/s and its ratio to llama.cpp's, median
 time to first token, acceptance length, and agreement: specgen's packed AR against its

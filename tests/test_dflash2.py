@@ -199,6 +199,22 @@ def test_bad_or_mismatched_checkpoints_fail_clearly(target, tmp_path, kwargs, me
         load_dflash2(path, target=target, target_name="tiny", name="d")
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["layers.1.mlp_conv.base_kernel", "layers.0.attention_conv.kernel_projection.weight",
+     "candidate_selector.successor_codebook"],
+)  # fmt: skip
+def test_a_checkpoint_without_a_dflash2_tensor_names_it(target, tmp_path, key):
+    from safetensors.torch import load_file, save_file
+
+    path = save_tiny_dflash2(tmp_path / "d")
+    tensors = load_file(path / "model.safetensors")
+    del tensors[key]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"d: checkpoint lacks {key}"):
+        load_dflash2(path, target=target, target_name="tiny", name="d")
+
+
 def test_the_wrong_method_for_a_checkpoint_is_refused(pipes, tiny_dflash, tiny_dflash2):
     with pytest.raises(CheckpointError, match="is a dflash drafter .* not a dflash2 one"):
         pipes[0].with_spec(SpecConfig(method="dflash2", drafter=str(tiny_dflash)))

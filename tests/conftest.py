@@ -369,6 +369,75 @@ def save_tiny_dflash(
     return path
 
 
+def save_tiny_dflash2(
+    path: Path,
+    *,
+    kernel: int = 2,
+    group: int = 16,
+    rank: int = 8,
+    top_k: int = 6,
+    codebook_rows: int | None = None,
+    edit: dict | None = None,
+    drop_fields: tuple[str, ...] = (),
+    seed: int = 0,
+    **dflash,
+) -> Path:
+    """A random DFlash 2 drafter in exactly z-lab's layout (PyPI `dflash` 0.1.0): the
+    SpecForge / Qwen3.8-27B config scaled down, DFlash's tensors plus both convolutions
+    of every layer and the candidate selector (codebooks saved without `.weight`).
+    `codebook_rows` gives the codebooks another vocabulary; `edit` overrides config keys;
+    `drop_fields` removes dflash_config keys."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    dflash.setdefault("target_layer_ids", [1, 3])
+    save_tiny_dflash(path, seed=seed, **dflash)
+    base = json.loads((path / "config.json").read_text())
+    cfg = json.loads((FIXTURES / "dflash2-qwen3.6-27b.config.json").read_text())
+    keep = ("architectures", "is_causal", "dflash_config", "rope_parameters")
+    cfg = {**base, **{k: cfg[k] for k in keep}}
+    cfg.pop("rope_theta", None)
+    cfg.pop("block_size", None)
+    cfg["layer_types"] = base["layer_types"]
+    cfg["sliding_window"] = base["sliding_window"]
+    cfg["use_sliding_window"] = base["use_sliding_window"]
+    cfg["dflash_config"] = {
+        **cfg["dflash_config"],
+        **base["dflash_config"],
+        "block_size": base["block_size"],
+        "conv_kernel_size": kernel,
+        "conv_group_size": group,
+        "selector_rank": rank,
+        "selector_top_k": top_k,
+    }
+    for key in drop_fields:
+        cfg["dflash_config"].pop(key)
+    cfg.update(edit or {})
+    hidden, vocab = base["hidden_size"], codebook_rows or base["vocab_size"]
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def rand(*shape, scale=0.2):
+        return torch.randn(*shape, generator=gen) * scale
+
+    tensors = load_file(path / "model.safetensors")
+    for i in range(base["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            p = f"layers.{i}.{conv}."
+            # base taps near the identity (tap 0 around 1), so the layer stays well scaled
+            kernel_init = rand(2, kernel, hidden)
+            kernel_init[:, 0] += 1
+            tensors[p + "base_kernel"] = kernel_init
+            tensors[p + "kernel_projection.weight"] = rand(2 * kernel * (hidden // group), hidden)
+    # strong codebooks: the chain walk visibly departs from the per-slot argmax
+    tensors["candidate_selector.predecessor_codebook"] = rand(vocab, rank, scale=1.5)
+    tensors["candidate_selector.successor_codebook"] = rand(vocab, rank, scale=1.5)
+    tensors["candidate_selector.hidden_projection.weight"] = rand(rank, hidden, scale=0.5)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({n: t.to(torch.bfloat16) for n, t in tensors.items()}, path / "model.safetensors")
+    return path
+
+
 def save_tiny_dspark(
     path: Path,
     *,
@@ -509,6 +578,11 @@ def tiny_gemma4(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dflash(tmp_path_factory) -> Path:
     return save_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash") / "d", target_layer_ids=[1, 3])
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash2(tmp_path_factory) -> Path:
+    return save_tiny_dflash2(tmp_path_factory.mktemp("tiny-dflash2") / "d")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.errors import SpecgenError
-from specgen.export import bench_command, launch_command, resolve_target
+from specgen.export import bench_command, launch_command, notes, resolve_target
 
 runner = CliRunner()
 
@@ -56,11 +56,27 @@ def test_local_drafter_block_is_read_from_its_config(tmp_path, tiny_dspark):
     assert resolve_target("qwen3-8b", "dspark", str(tiny_dspark), 5).block_size == 5
 
 
+def test_dflash2_commands(tmp_path, tiny_dflash2):
+    """vLLM: its "dflash" method (the checkpoint's architecture selects DFlash 2), B - 1
+    drafts; SGLang: DFLASH2 with B draft tokens. The block is read from dflash_config."""
+    serve = resolve_target("Qwen/Qwen3.8-27B", "dflash2", str(tiny_dflash2), None)
+    assert serve.block_size == 8
+    vllm = launch_command("vllm", serve)
+    assert '{"method": "dflash", "model": "' + str(tiny_dflash2) in vllm
+    assert '"num_speculative_tokens": 7}' in vllm
+    sglang = launch_command("sglang", serve)
+    assert "--speculative-algorithm DFLASH2 --speculative-draft-model-path" in sglang
+    assert "--speculative-num-draft-tokens 8 --port 8000" in sglang
+    assert any("DFlash 2 needs an engine build" in n for n in notes("vllm", serve))
+    with pytest.raises(SpecgenError, match="no dflash2 drafter is known for qwen3-8b"):
+        resolve_target("qwen3-8b", "dflash2", None, None)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (("qwen3-14b", "dflash", None, None), "no dflash drafter is known for qwen3-14b"),
-        (("qwen3-8b", "ngram", None, None), "--method must be one of dflash, dspark"),
+        (("qwen3-8b", "ngram", None, None), "--method must be one of dflash, dflash2, dspark"),
         (("model.gguf", "dflash", "d", None), "not GGUF"),
     ],
 )

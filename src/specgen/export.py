@@ -18,8 +18,9 @@ from specgen.hub import PACKAGED, packaged_drafter
 from specgen.registry import MODELS
 
 ENGINES = ("vllm", "sglang")
-EXPORTABLE = ("dflash", "dspark")
-DEFAULT_BLOCK = {"dflash": 16, "dspark": 7}  # the published drafters' blocks
+EXPORTABLE = ("dflash", "dflash2", "dspark")
+DEFAULT_BLOCK = {"dflash": 16, "dflash2": 8, "dspark": 7}  # the published drafters' blocks
+BLOCK_DRAFTS = ("dflash", "dflash2")  # slot 0 is the anchor: B - 1 drafts per block
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,10 @@ def _block_of(drafter: str, method: str) -> int:
     config = Path(drafter).expanduser() / "config.json"
     if config.is_file():
         try:
-            return int(json.loads(config.read_text(encoding="utf-8"))["block_size"])
-        except (ValueError, KeyError, TypeError):
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+            nested = cfg.get("dflash_config") or {}  # DFlash 2 keeps it there
+            return int(nested.get("block_size", cfg["block_size"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
     return DEFAULT_BLOCK[method]
 
@@ -83,8 +86,11 @@ def launch_argv(engine: str, serve: ServeTarget, *, tp: int = 1, port: int = 800
 
 
 def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
-    config: dict[str, object] = {"method": serve.method, "model": serve.drafter}
-    if serve.method == "dflash":
+    # DFlash 2 runs under vLLM's "dflash" method, which picks the DFlash 2 model from the
+    # checkpoint's architecture (vLLM PR #52816's registry entry; "dflash2" is refused)
+    method = "dflash" if serve.method == "dflash2" else serve.method
+    config: dict[str, object] = {"method": method, "model": serve.drafter}
+    if serve.method in BLOCK_DRAFTS:
         config["num_speculative_tokens"] = serve.block_size - 1  # slot 0 is the anchor
     else:
         config["num_speculative_tokens"] = serve.block_size  # anchor-first: γ drafts
@@ -102,7 +108,7 @@ def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", serve.target]
     argv += ["--speculative-algorithm", serve.method.upper()]
     argv += ["--speculative-draft-model-path", serve.drafter]
-    if serve.method == "dflash":
+    if serve.method in BLOCK_DRAFTS:
         argv += ["--speculative-num-draft-tokens", str(serve.block_size)]
     else:
         argv += ["--speculative-dspark-block-size", str(serve.block_size)]
@@ -167,6 +173,12 @@ def notes(engine: str, serve: ServeTarget) -> list[str]:
         )
     if gemma and engine == "sglang" and serve.method == "dspark":
         out.append("SGLang's DSpark support for DeepSpec's Gemma 4 drafters is unconfirmed")
+    if serve.method == "dflash2":
+        pr = "vLLM PR #52816" if engine == "vllm" else "SGLang PR #35371 (DFLASH2)"
+        out.append(
+            f"DFlash 2 needs an engine build with it ({pr} when this was written); these flags "
+            "follow that work's tests and scripts, not a released engine's docs"
+        )
     if engine == "vllm" and serve.method == "dspark":
         out.append(
             "enable_adaptive_verification needs full CUDA-graph mode; drop it to verify every draft"

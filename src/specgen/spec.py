@@ -26,6 +26,8 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
         drafter_dir = resolve_drafter(spec.drafter)
         spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
+    elif isinstance(spec.drafter, str) and DRAFTERS[spec.method].variants:
+        spec = _variant(spec)
     if spec.is_ar:
         return spec
     cls = DRAFTERS[spec.method]
@@ -43,6 +45,19 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
             f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
         )
     return replace(spec, drafter=drafter)
+
+
+def _variant(spec: SpecConfig) -> SpecConfig:
+    """A method given a checkpoint of one of its `variants` runs it as that variant (e.g.
+    `--method dflash` with a DFlash 2 drafter runs dflash2, reported so)."""
+    drafter_dir = resolve_drafter(spec.drafter)
+    try:
+        kind = method_of(drafter_dir)
+    except SpecgenError:
+        return spec  # left to the method's loader, as `_check_kind` does
+    if kind in DRAFTERS[spec.method].variants:
+        return replace(spec, method=kind, drafter=str(drafter_dir))
+    return spec
 
 
 def _sources(spec: SpecConfig) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from specgen.cli.options import DebugOpt, ModelOpt, Run
 
 
 def export(
-    method: Annotated[str, typer.Option("--method", help="dflash or dspark.")],
+    method: Annotated[str, typer.Option("--method", help="dflash, dflash2 or dspark.")],
     engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
     model: ModelOpt = Run.model,
     drafter: Annotated[

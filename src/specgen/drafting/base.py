@@ -128,6 +128,8 @@ class DraftMethod(Protocol):
     architectures: ClassVar[tuple[str, ...]] = ()  # config.json architectures it loads
     needs_drafter: ClassVar[bool] = True  # loads a checkpoint (--drafter or the registry's)
     drafters_needed: ClassVar[int] = 1  # checkpoints it mounts: 0, 1, or 2 (stacked)
+    # methods whose checkpoints `--method NAME` also runs, under their own name
+    variants: ClassVar[tuple[str, ...]] = ()
     max_draft_tokens: int
     cache_key: str  # the drafter and its settings, for cached draft costs
 

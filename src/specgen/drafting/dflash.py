@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 @register("dflash")
 class DFlashMethod(BlockMethod):
     architectures = ("DFlashDraftModel",)
+    variants = ("dflash2",)  # a DFlash 2 checkpoint given to --method dflash (drafting/dflash2.py)
     label = "DFlash"
 
     @classmethod

@@ -44,5 +44,10 @@ def mlp_plan(layer: nn.Module, prefix: str, biased: bool = False):
 def residual_mlp(layer: nn.Module, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
     """x + mixed, then the MLP block with its residual ([B, T, H]; `layer` from add_mlp)."""
     h, x = add_rms_norm(mixed, layer.ffn_norm, layer.args.rms_norm_eps, residual=x)
+    return x + swiglu(layer, h)
+
+
+def swiglu(layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU MLP alone, on the normed input ([B, T, H]; `layer` from add_mlp)."""
     gate, up = layer.w_gate_up(h, layer.b_gate_up).chunk(2, dim=-1)
-    return x + layer.w_down(F.silu(gate) * up, layer.b_down)
+    return layer.w_down(F.silu(gate) * up, layer.b_down)

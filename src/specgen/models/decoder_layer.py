@@ -119,9 +119,14 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """q, k (roped) and v, [B, n, T, d] each, and the output gate [B, T, nq*d] if any."""
+        return self._qkv_of_normed(rms_norm(x, self.attn_norm, self.args.rms_norm_eps), cos, sin)
+
+    def _qkv_of_normed(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`_qkv` from the already normed input (a DFlash 2 layer convolves it first)."""
         a = self.args
-        bsz, t, _ = x.shape
-        h = rms_norm(x, self.attn_norm, a.rms_norm_eps)
+        bsz, t, _ = h.shape
         qkv = self.wqkv(h, self.bqkv)
         nq, nkv, d, rows = a.num_heads, a.num_kv_heads, a.head_dim, self.q_rows
         v = qkv[..., rows + nkv * d :].view(bsz, t, nkv, d).transpose(1, 2)

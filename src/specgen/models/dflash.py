@@ -208,13 +208,15 @@ class DFlashNet(nn.Module):
         self.fc = new_weight(la.hidden_size, len(args.target_layer_ids) * la.hidden_size, **w)
         self.hidden_norm = new_weight(la.hidden_size, **nw)
         self.norm = new_weight(la.hidden_size, **nw)
-        self.layers = nn.ModuleList(
-            DecoderLayer(la, dtype, device)
-            if args.gemma is None
-            else GemmaLayer(draft_layer_shape(la, args.gemma, i), dtype, device)
-            for i in range(la.num_layers)
-        )
+        self.layers = nn.ModuleList(self.new_layer(i, dtype, device) for i in range(la.num_layers))
         self._cos = self._sin = torch.empty(0, la.head_dim, dtype=dtype, device=device)
+
+    def new_layer(self, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        """Draft layer i: Qwen3-style, or Gemma's (DFlash 2 wraps its sublayers)."""
+        la, gemma = self.args.layers, self.args.gemma
+        if gemma is None:
+            return DecoderLayer(la, dtype, device)
+        return GemmaLayer(draft_layer_shape(la, gemma, i), dtype, device)
 
     @property
     def device(self) -> torch.device:

@@ -118,3 +118,21 @@ def test_bad_packed_shapes_are_refused():
                      group=32, kind="x")  # fmt: skip
     with pytest.raises(ValueError, match="do not split into groups of 32"):
         quantize(torch.randn(4, 48), 4, 32)
+
+
+def test_quantize_on_load_fits_the_group_to_each_matrix():
+    from specgen.models.weights import FORMATS, DenseWeight
+    from specgen.models.weights_packed import Int4Weight
+
+    assert FORMATS["int4"] is Int4Weight
+    for cols, kinds in ((576, ["int4-g32"]), (48, ["dense"])):  # 48: not whole 32-blocks
+        dense = DenseWeight(8, cols, dtype=torch.float32, device=torch.device("cpu"))
+        dense.weight.data.normal_()
+        w = FORMATS["int4"].from_dense(dense)
+        assert w.kinds == kinds
+        x = torch.randn(2, cols)
+        torch.testing.assert_close(w(x), x @ w.dense().T, atol=1e-5, rtol=1e-5)
+    from specgen.models.weights_packed import _quantized
+
+    dense = DenseWeight(8, 576, dtype=torch.float32, device=torch.device("cpu"))
+    assert _quantized(8, 128).from_dense(dense).kinds == ["int8-g64"]  # 576 = 9 x 64

@@ -170,7 +170,12 @@ def _narrow(seg, a: int, b: int):
 def _quantized(bits: int, group: int):
     class Quantized(PackedWeight):
         def quantize_dense(self, tensor: torch.Tensor) -> Segment:
-            return quantize(tensor, bits, group)
+            # the largest group up to `group` that divides the row; a row that is not whole
+            # 32-column blocks (no kernel for it) stays dense
+            g, cols = group, tensor.shape[1]
+            while g > 32 and cols % g:
+                g //= 2
+            return tensor if cols % g else quantize(tensor, bits, g)
 
     Quantized.__name__ = Quantized.__qualname__ = f"Int{bits}Weight"
     return Quantized

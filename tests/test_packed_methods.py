@@ -75,7 +75,7 @@ def packed_pipeline(hf_dir, gguf_path) -> Pipeline:
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
 def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
-    tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path, mix
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, tiny_dflash2, tmp_path, mix
 ):
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES[mix])
     ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
@@ -86,6 +86,7 @@ def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
             SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full"),
             SpecConfig(method="dspark", drafter=str(tiny_dspark), verify_policy="full"),
             SpecConfig(method="dflash", drafter=str(tiny_dflash)),  # scheduled verify lengths
+            SpecConfig(method="dflash2", drafter=str(tiny_dflash2), verify_policy="full"),
             SpecConfig(method="ngram"),
         ):
             got = ar.with_spec(spec).generate(prompt, max_new_tokens=32, raw=True)

@@ -18,8 +18,10 @@ from specgen.hub import PACKAGED, packaged_drafter
 from specgen.registry import MODELS
 
 ENGINES = ("vllm", "sglang")
-EXPORTABLE = ("dflash", "dspark")
-DEFAULT_BLOCK = {"dflash": 16, "dspark": 7}  # the published drafters' blocks
+EXPORTABLE = ("dflash", "dspark", "eagle3")
+# the published drafters' blocks (EAGLE-3: its chain of drafts, DeepSpec's ttt_length)
+DEFAULT_BLOCK = {"dflash": 16, "dspark": 7, "eagle3": 7}
+BLOCK_FIELDS = {"dflash": ("block_size",), "dspark": ("block_size",), "eagle3": ("ttt_length",)}
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class ServeTarget:
     target: str  # Hub repo id or local HF directory
     method: str
     drafter: str  # Hub repo id or local directory
-    block_size: int  # the drafter's block (DFlash: B positions; DSpark: γ drafts)
+    block_size: int  # the drafter's block (DFlash: B positions; DSpark, EAGLE-3: drafts)
     hybrid: bool = False  # recurrent layers (Qwen3.5): the engines keep state buffers
     thinking: bool | None = None  # the chat mode the drafter was trained with
 
@@ -67,10 +69,11 @@ def _block_of(drafter: str, method: str) -> int:
     """The block size in a local drafter's config, else the published default."""
     config = Path(drafter).expanduser() / "config.json"
     if config.is_file():
-        try:
-            return int(json.loads(config.read_text(encoding="utf-8"))["block_size"])
-        except (ValueError, KeyError, TypeError):
-            pass
+        for field in BLOCK_FIELDS[method]:
+            try:
+                return int(json.loads(config.read_text(encoding="utf-8"))[field])
+            except (ValueError, KeyError, TypeError):
+                pass
     return DEFAULT_BLOCK[method]
 
 
@@ -86,6 +89,8 @@ def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
     config: dict[str, object] = {"method": serve.method, "model": serve.drafter}
     if serve.method == "dflash":
         config["num_speculative_tokens"] = serve.block_size - 1  # slot 0 is the anchor
+    elif serve.method == "eagle3":
+        config["num_speculative_tokens"] = serve.block_size  # a chain of k drafts
     else:
         config["num_speculative_tokens"] = serve.block_size  # anchor-first: γ drafts
         config["draft_sample_method"] = "probabilistic"  # sample drafts at T > 0 (exact)
@@ -104,6 +109,10 @@ def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
     argv += ["--speculative-draft-model-path", serve.drafter]
     if serve.method == "dflash":
         argv += ["--speculative-num-draft-tokens", str(serve.block_size)]
+    elif serve.method == "eagle3":  # a chain, as specgen drafts: top-1 at each of k steps
+        argv += ["--speculative-num-steps", str(serve.block_size)]
+        argv += ["--speculative-eagle-topk", "1"]
+        argv += ["--speculative-num-draft-tokens", str(serve.block_size + 1)]
     else:
         argv += ["--speculative-dspark-block-size", str(serve.block_size)]
     if serve.hybrid:  # room for the recurrent state of every draft position
@@ -128,6 +137,18 @@ def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin
     if serve.thinking is not None:
         argv.append("--think" if serve.thinking else "--no-think")
     return shlex.join(argv)
+
+
+def _deepspec_eagle3(drafter: str) -> bool:
+    """DeepSpec's EAGLE-3 format: by its repo name, or a local directory's config."""
+    if Path(drafter).name.startswith("eagle3_") or "deepseek-ai/eagle3" in drafter:
+        return True
+    config = Path(drafter).expanduser() / "config.json"
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return "Qwen3Eagle3Model" in (architectures or [])
 
 
 def _gemma(target: str) -> bool:
@@ -167,6 +188,11 @@ def notes(engine: str, serve: ServeTarget) -> list[str]:
         )
     if gemma and engine == "sglang" and serve.method == "dspark":
         out.append("SGLang's DSpark support for DeepSpec's Gemma 4 drafters is unconfirmed")
+    if serve.method == "eagle3" and _deepspec_eagle3(serve.drafter):
+        out.append(
+            "DeepSpec's EAGLE-3 drafters (Qwen3Eagle3Model: 5 taps, full vocabulary) are "
+            "DeepSpec's own format; whether this engine loads them is unconfirmed"
+        )
     if engine == "vllm" and serve.method == "dspark":
         out.append(
             "enable_adaptive_verification needs full CUDA-graph mode; drop it to verify every draft"

@@ -227,3 +227,60 @@ def test_uneven_commits_and_rollbacks_equal_the_reference(tmp_path, target_dir, 
         total += 1
     print(f"{variant} (uneven commits): drafts identical {same}/{total}")
     assert same == total
+
+
+def _real(name):
+    import json
+
+    from conftest import FIXTURES
+
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _public_config(layout, size):
+    """Published-shape configs, assembled from the layouts' config code (SpecForge's
+    `configs/qwen3-8b-eagle3.json` fields, speculators' `Eagle3SpeculatorConfig`, DeepSpec's
+    `build_draft_config` over the target's own config)."""
+    target = _real(f"qwen3-{size}.config.json")
+    layer = {k: target[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads")}
+    layer.update({k: target[k] for k in ("num_key_value_heads", "head_dim", "vocab_size")})
+    layer.update(rms_norm_eps=1e-6, rope_theta=1000000, num_hidden_layers=1)
+    if layout == "specforge":
+        return {**layer, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                "draft_vocab_size": 32000, "max_position_embeddings": 40960}  # fmt: skip
+    if layout == "speculators":
+        return {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": {**layer, "model_type": "qwen3"},
+            "draft_vocab_size": 32000,
+            "norm_before_residual": True,
+            "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]},
+        }
+    return {**target, "architectures": ["Qwen3Eagle3Model"], "num_hidden_layers": 1,
+            "num_target_layers": target["num_hidden_layers"], "ttt_length": 7,
+            "target_layer_ids": [1, 9, 17, 25, 33], "draft_num_hidden_layers": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators", "deepspec"])
+@pytest.mark.parametrize("size", ["4b", "8b"])
+def test_public_shaped_configs_pair_with_their_targets(layout, size):
+    from specgen.errors import CheckpointError
+    from specgen.models.eagle3_config import check_pair
+    from specgen.models.families import model_args
+
+    target = model_args(_real(f"qwen3-{size}.config.json"))
+    args = Eagle3Args.from_hf(_public_config(layout, size), num_target_layers=36, name="d")
+    assert args.layers.num_layers == 1 and args.layers.hidden_size == target.hidden_size
+    assert args.taps == ((1, 9, 17, 25, 33) if layout == "deepspec" else (1, 17, 32))
+    assert args.layers.qk_norm == (layout != "specforge")
+    vocab = target.vocab_size
+    used = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[: args.draft_vocab]
+    d2t = None if layout == "deepspec" else used.sort().values - torch.arange(args.draft_vocab)
+    fc = (target.hidden_size, len(args.taps) * target.hidden_size)
+    head = (vocab, target.hidden_size) if layout == "deepspec" else None
+    ids = check_pair(args, target, "d", "t", d2t=d2t, t2d=None, fc=fc, head=head)
+    assert ids.shape == (args.draft_vocab,)
+    other = model_args(_real(f"qwen3-{'8b' if size == '4b' else '4b'}.config.json"))
+    with pytest.raises(CheckpointError, match="drafter d does not fit target T: hidden size"):
+        check_pair(args, other, "d", "T", d2t=d2t, t2d=None, fc=fc, head=head)

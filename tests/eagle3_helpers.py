@@ -23,6 +23,7 @@ from conftest import TINY_VOCAB, save_tiny
 
 H, HEADS, KV, D, INTER = 64, 4, 2, 16, 128
 TARGET_LAYERS = 8
+TINY = dict(hidden=H, heads=HEADS, kv_heads=KV, head_dim=D, vocab=TINY_VOCAB)
 
 
 def save_target(path: Path, family: str = "qwen3", seed: int = 11) -> Path:
@@ -30,15 +31,16 @@ def save_target(path: Path, family: str = "qwen3", seed: int = 11) -> Path:
     return path
 
 
-def _llama_layer_config(layers: int, vocab: int = TINY_VOCAB, model_type: str = "llama") -> dict:
+def _llama_layer_config(layers: int, dims: dict, model_type: str = "llama") -> dict:
+    h, heads, kv, d, vocab = (dims[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "vocab"))
     return {
         "architectures": ["LlamaForCausalLM"] if model_type == "llama" else ["Qwen3ForCausalLM"],
         "model_type": model_type,
-        "hidden_size": H,
-        "intermediate_size": INTER,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV,
-        "head_dim": D,
+        "hidden_size": h,
+        "intermediate_size": 2 * h,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": d,
         "num_hidden_layers": layers,
         "hidden_act": "silu",
         "max_position_embeddings": 2048,
@@ -51,10 +53,12 @@ def _llama_layer_config(layers: int, vocab: int = TINY_VOCAB, model_type: str = 
     }
 
 
-def _layer(gen, prefix: str, fused: bool, qk_norm: bool, scale: float) -> dict:
+def _layer(gen, prefix: str, fused: bool, qk_norm: bool, scale: float, dims: dict) -> dict:
     def rand(*shape):
         return torch.randn(*shape, generator=gen) * scale
 
+    H, HEADS, KV, D = (dims[k] for k in ("hidden", "heads", "kv_heads", "head_dim"))  # noqa: N806
+    INTER = 2 * H  # noqa: N806
     width = 2 * H if fused else H
     t = {
         prefix + "input_layernorm.weight": 1 + rand(H),
@@ -75,11 +79,13 @@ def _layer(gen, prefix: str, fused: bool, qk_norm: bool, scale: float) -> dict:
     return t
 
 
-def draft_vocabulary(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_vocabulary(
+    n: int, seed: int = 0, vocab: int = TINY_VOCAB
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SpecForge's maps for n used tokens: d2t[i] = used[i] - i, t2d[t] = t is used."""
     gen = torch.Generator().manual_seed(seed)
-    used = torch.randperm(TINY_VOCAB, generator=gen)[:n].sort().values
-    t2d = torch.zeros(TINY_VOCAB, dtype=torch.bool)
+    used = torch.randperm(vocab, generator=gen)[:n].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[used] = True
     return used - torch.arange(n), t2d
 
@@ -98,6 +104,7 @@ def save_eagle3(
     drop: str | None = None,
     seed: int = 0,
     scale: float = 0.25,
+    dims: dict | None = None,
 ) -> Path:
     """A random EAGLE-3 drafter in `layout`. `taps`: the config's explicit tap ids in that
     layout's own convention (None: the layout's default or, DeepSpec, [1, 2, 3, 4, 5])."""
@@ -107,26 +114,28 @@ def save_eagle3(
         return torch.randn(*shape, generator=gen) * scale
 
     options = options or {}
+    dims = dims or TINY
+    H, vocab = dims["hidden"], dims["vocab"]  # noqa: N806
     n_taps = 5 if layout == "deepspec" else len(taps) if taps else 3
     tensors: dict[str, torch.Tensor] = {
         "fc.weight": rand(H, n_taps * H),
         "norm.weight": 1 + rand(H),
     }
     if layout == "specforge":
-        cfg = _llama_layer_config(1)
+        cfg = _llama_layer_config(1, dims)
         cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=draft_vocab)
         cfg["pad_token_id"] = 0
         if taps is not None:
             cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": taps}
-        tensors.update(_layer(gen, "midlayer.", True, False, scale))
-        tensors["embed_tokens.weight"] = rand(TINY_VOCAB, H)  # SpecForge saves it; unused
+        tensors.update(_layer(gen, "midlayer.", True, False, scale, dims))
+        tensors["embed_tokens.weight"] = rand(vocab, H)  # SpecForge saves it; unused
     elif layout == "speculators":
         model_type = options.pop("model_type", "llama")
         cfg = {
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0",
-            "transformer_layer_config": _llama_layer_config(layers, model_type=model_type),
+            "transformer_layer_config": _llama_layer_config(layers, dims, model_type),
             "draft_vocab_size": draft_vocab,
             "norm_before_residual": False,
             "target_hidden_size": None,
@@ -152,7 +161,7 @@ def save_eagle3(
         if taps is not None:
             cfg["eagle_aux_hidden_state_layer_ids"] = taps
         for i in range(layers):
-            tensors.update(_layer(gen, f"layers.{i}.", i == 0, model_type == "qwen3", scale))
+            tensors.update(_layer(gen, f"layers.{i}.", i == 0, model_type == "qwen3", scale, dims))
     elif layout == "deepspec":
         assert target is not None, "DeepSpec's drafter copies the target's embedding and head"
         cfg = json.loads((target / "config.json").read_text())
@@ -169,7 +178,7 @@ def save_eagle3(
             tie_word_embeddings=False,
         )
         for i in range(layers):
-            tensors.update(_layer(gen, f"layers.{i}.", True, True, scale))
+            tensors.update(_layer(gen, f"layers.{i}.", True, True, scale, dims))
         own = load_file(str(target / "model.safetensors"))
         tensors["embed_tokens.weight"] = own["model.embed_tokens.weight"].float()
         tensors["lm_head.weight"] = own["lm_head.weight"].float()
@@ -177,7 +186,7 @@ def save_eagle3(
         raise ValueError(layout)
     if layout != "deepspec":
         tensors["lm_head.weight"] = rand(draft_vocab, H)
-        d2t, t2d = draft_vocabulary(draft_vocab, seed)
+        d2t, t2d = draft_vocabulary(draft_vocab, seed, vocab)
         tensors["d2t"], tensors["t2d"] = d2t, t2d
     for key, value in options.items():  # e.g. fc_norm, norm_before_residual, norm_output
         cfg[key] = value

@@ -18,9 +18,12 @@ from specgen.hub import PACKAGED, packaged_drafter
 from specgen.registry import MODELS
 
 ENGINES = ("vllm", "sglang")
-EXPORTABLE = ("dflash", "dflash2", "dspark")
-DEFAULT_BLOCK = {"dflash": 16, "dflash2": 8, "dspark": 7}  # the published drafters' blocks
+EXPORTABLE = ("dflash", "dflash2", "dspark", "eagle3")
+# the published drafters' blocks (EAGLE-3: its chain of drafts, DeepSpec's ttt_length)
+DEFAULT_BLOCK = {"dflash": 16, "dflash2": 8, "dspark": 7, "eagle3": 7}
 BLOCK_DRAFTS = ("dflash", "dflash2")  # slot 0 is the anchor: B - 1 drafts per block
+BLOCK_FIELD = {"dflash": "block_size", "dflash2": "block_size", "dspark": "block_size",
+               "eagle3": "ttt_length"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class ServeTarget:
     target: str  # Hub repo id or local HF directory
     method: str
     drafter: str  # Hub repo id or local directory
-    block_size: int  # the drafter's block (DFlash: B positions; DSpark: γ drafts)
+    block_size: int  # the drafter's block (DFlash: B positions; DSpark, EAGLE-3: drafts)
     hybrid: bool = False  # recurrent layers (Qwen3.5): the engines keep state buffers
     thinking: bool | None = None  # the chat mode the drafter was trained with
 
@@ -71,7 +74,8 @@ def _block_of(drafter: str, method: str) -> int:
         try:
             cfg = json.loads(config.read_text(encoding="utf-8"))
             nested = cfg.get("dflash_config") or {}  # DFlash 2 keeps it there
-            return int(nested.get("block_size", cfg["block_size"]))
+            field = BLOCK_FIELD[method]
+            return int(nested.get(field, cfg[field]))
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
     return DEFAULT_BLOCK[method]
@@ -92,6 +96,8 @@ def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
     config: dict[str, object] = {"method": method, "model": serve.drafter}
     if serve.method in BLOCK_DRAFTS:
         config["num_speculative_tokens"] = serve.block_size - 1  # slot 0 is the anchor
+    elif serve.method == "eagle3":
+        config["num_speculative_tokens"] = serve.block_size  # a chain of k drafts
     else:
         config["num_speculative_tokens"] = serve.block_size  # anchor-first: γ drafts
         config["draft_sample_method"] = "probabilistic"  # sample drafts at T > 0 (exact)
@@ -110,6 +116,10 @@ def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
     argv += ["--speculative-draft-model-path", serve.drafter]
     if serve.method in BLOCK_DRAFTS:
         argv += ["--speculative-num-draft-tokens", str(serve.block_size)]
+    elif serve.method == "eagle3":  # a chain, as specgen drafts: top-1 at each of k steps
+        argv += ["--speculative-num-steps", str(serve.block_size)]
+        argv += ["--speculative-eagle-topk", "1"]
+        argv += ["--speculative-num-draft-tokens", str(serve.block_size + 1)]
     else:
         argv += ["--speculative-dspark-block-size", str(serve.block_size)]
     if serve.hybrid:  # room for the recurrent state of every draft position
@@ -134,6 +144,18 @@ def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin
     if serve.thinking is not None:
         argv.append("--think" if serve.thinking else "--no-think")
     return shlex.join(argv)
+
+
+def _deepspec_eagle3(drafter: str) -> bool:
+    """DeepSpec's EAGLE-3 format: by its repo name, or a local directory's config."""
+    if Path(drafter).name.startswith("eagle3_") or "deepseek-ai/eagle3" in drafter:
+        return True
+    config = Path(drafter).expanduser() / "config.json"
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return "Qwen3Eagle3Model" in (architectures or [])
 
 
 def _gemma(target: str) -> bool:
@@ -178,6 +200,11 @@ def notes(engine: str, serve: ServeTarget) -> list[str]:
         out.append(
             f"DFlash 2 needs an engine build with it ({pr} when this was written); these flags "
             "follow that work's tests and scripts, not a released engine's docs"
+        )
+    if serve.method == "eagle3" and _deepspec_eagle3(serve.drafter):
+        out.append(
+            "DeepSpec's EAGLE-3 drafters (Qwen3Eagle3Model: 5 taps, full vocabulary) are "
+            "DeepSpec's own format; whether this engine loads them is unconfirmed"
         )
     if engine == "vllm" and serve.method == "dspark":
         out.append(

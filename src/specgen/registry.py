@@ -7,6 +7,12 @@ under `specgen/drafters/NAME`). Repo names were checked against public code that
 `stacked` mounts an entry's `dflash` and `dspark` drafters together (drafting/stacked.py);
 DeepSpec's plain DFlash checkpoints (e.g. `deepseek-ai/dflash_gemma4_12b_block7`) are its
 DSpark class without heads and run with `--drafter` (their config names the class).
+`eagle3` names DeepSpec's EAGLE-3 drafters where DeepSpec trained one beside its DSpark
+(same data, so the same thinking mode) and SafeAILab's for Llama 3.1; the other public
+EAGLE-3 checkpoints run with `--drafter` (README "Models": RedHatAI's speculators-format
+`RedHatAI/Qwen3-8B-speculator.eagle3`, `RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3`,
+Tencent's `AngelSlim/Qwen3-4B_eagle3`). DeepSpec's `eagle3_gemma4_12b_ttt7` is not listed:
+its Gemma 4 EAGLE-3 layers are not implemented yet.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ MODELS: dict[str, ModelEntry] = {
             drafters={
                 "dflash": "z-lab/Qwen3-4B-DFlash-b16",
                 "dspark": "deepseek-ai/dspark_qwen3_4b_block7",
+                "eagle3": "deepseek-ai/eagle3_qwen3_4b_ttt7",
             },
             thinking=False,  # both trained on non-thinking answers
         ),
@@ -62,6 +69,7 @@ MODELS: dict[str, ModelEntry] = {
             drafters={
                 "dflash": "z-lab/Qwen3-8B-DFlash-b16",
                 "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
+                "eagle3": "deepseek-ai/eagle3_qwen3_8b_ttt7",
             },
             thinking=False,
         ),
@@ -69,7 +77,10 @@ MODELS: dict[str, ModelEntry] = {
             alias="qwen3-14b",
             repo="Qwen/Qwen3-14B",
             description="Qwen3 14B",
-            drafters={"dspark": "deepseek-ai/dspark_qwen3_14b_block7"},
+            drafters={
+                "dspark": "deepseek-ai/dspark_qwen3_14b_block7",
+                "eagle3": "deepseek-ai/eagle3_qwen3_14b_ttt7",
+            },
             thinking=False,
         ),
         # z-lab's Qwen3.5 drafters are run with thinking on in its examples and benchmarks
@@ -101,7 +112,10 @@ MODELS: dict[str, ModelEntry] = {
             alias="llama3.1-8b",
             repo="meta-llama/Llama-3.1-8B-Instruct",
             description="Llama 3.1 8B Instruct (gated on the Hub: accept its terms, set HF_TOKEN)",
-            drafters={"dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"},
+            drafters={
+                "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+                "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",  # SafeAILab's own
+            },
         ),
     )
 }

@@ -12,7 +12,7 @@ from specgen.cli.options import DebugOpt, ModelOpt, Run
 
 
 def export(
-    method: Annotated[str, typer.Option("--method", help="dflash, dflash2 or dspark.")],
+    method: Annotated[str, typer.Option("--method", help="dflash, dflash2, dspark or eagle3.")],
     engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
     model: ModelOpt = Run.model,
     drafter: Annotated[
@@ -20,7 +20,8 @@ def export(
         typer.Option("--drafter", help="Drafter repo or directory (default: the registry's)."),
     ] = None,
     block_size: Annotated[
-        int | None, typer.Option("--block-size", help="The drafter's block (default: its config).")
+        int | None,
+        typer.Option("--block-size", help="The drafter's block or chain (default: its config)."),
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")] = 1,
     port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8000,

@@ -1,6 +1,6 @@
 """Drafters. Importing this package registers every built-in method in `DRAFTERS`."""
 
-from specgen.drafting import dflash, dflash2, dspark, ngram, stacked  # noqa: F401  (registers methods)
+from specgen.drafting import dflash, dflash2, dspark, eagle3, ngram, stacked  # noqa: F401  (registers methods)
 from specgen.drafting.base import DRAFTERS, Checkpoint, Drafter, DraftMethod, method_of, register
 from specgen.methods import AR
 

@@ -134,6 +134,11 @@ class DraftMethod(Protocol):
     cache_key: str  # the drafter and its settings, for cached draft costs
 
     @classmethod
+    def claims(cls, config: dict) -> bool:
+        """Whether a drafter checkpoint with this config.json is this method's."""
+        return bool(set(config.get("architectures") or []) & set(cls.architectures))
+
+    @classmethod
     def registry_drafter(cls, drafters: Mapping[str, str]) -> str | tuple[str, ...] | None:
         """Its checkpoint(s) in a registry entry's drafters (method -> repo)."""
         return drafters.get(cls.name)
@@ -183,11 +188,12 @@ def method_of(drafter_dir: Path) -> str:
     """The registered method whose checkpoints have this drafter's architecture."""
     path = drafter_dir / "config.json"
     try:
-        architectures = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
+        config = json.loads(path.read_text(encoding="utf-8"))
+        architectures = config.get("architectures") or []
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{drafter_dir}: cannot read config.json ({e})") from None
     for name, cls in DRAFTERS.items():
-        if set(architectures) & set(cls.architectures):
+        if cls.claims(config):
             return name
     raise CheckpointError(
         f"{drafter_dir}: not a drafter specgen knows (architectures {architectures}); "

@@ -26,16 +26,23 @@ from specgen.models.weights import DenseWeight, new_weight
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        dtype: torch.dtype,
+        device: torch.device,
+        in_features: int | None = None,  # q/k/v's input width (EAGLE-3's first layer: 2H)
+    ) -> None:
         super().__init__()
         self.args = args
         h, d = args.hidden_size, args.head_dim
+        self.in_features = in_features or h
         # Qwen3.5's gated attention: q_proj yields each head's query and its output gate
         self.q_rows = args.num_heads * d * (2 if args.attn_output_gate else 1)
         n_qkv = self.q_rows + 2 * args.num_kv_heads * d
         w, nw = dict(dtype=dtype, device=device), norm_weight(args, dtype, device)
         self.attn_norm = nw(h)
-        self.wqkv = DenseWeight(n_qkv, h, **w)
+        self.wqkv = DenseWeight(n_qkv, self.in_features, **w)
         self.bqkv = new_weight(n_qkv, **w) if args.qkv_bias else None
         self.q_norm = nw(d) if args.qk_norm else None
         self.k_norm = nw(d) if args.qk_norm else None
@@ -51,7 +58,7 @@ class DecoderLayer(nn.Module):
         yield Row(p + "input_layernorm.weight", self.attn_norm, (h,))
         yield Row(p + "post_attention_layernorm.weight", self.ffn_norm, (h,))
         for kind in ("weight", "bias") if a.qkv_bias else ("weight",):
-            dest, cols = (self.wqkv, (h,)) if kind == "weight" else (self.bqkv, ())
+            dest, cols = (self.wqkv, (self.in_features,)) if kind == "weight" else (self.bqkv, ())
             yield Row(p + f"self_attn.q_proj.{kind}", dest, (q_rows, *cols))
             yield Row(p + f"self_attn.k_proj.{kind}", dest, (kv_rows, *cols), q_rows)
             yield Row(p + f"self_attn.v_proj.{kind}", dest, (kv_rows, *cols), q_rows + kv_rows)
@@ -119,12 +126,13 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """q, k (roped) and v, [B, n, T, d] each, and the output gate [B, T, nq*d] if any."""
-        return self._qkv_of_normed(rms_norm(x, self.attn_norm, self.args.rms_norm_eps), cos, sin)
+        return self.qkv_of(rms_norm(x, self.attn_norm, self.args.rms_norm_eps), cos, sin)
 
-    def _qkv_of_normed(
+    def qkv_of(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """`_qkv` from the already normed input (a DFlash 2 layer convolves it first)."""
+        """`_qkv` of an input already normed ([B, T, in_features]): a DFlash 2 layer
+        convolves it first; EAGLE-3's is two normed halves."""
         a = self.args
         bsz, t, _ = h.shape
         qkv = self.wqkv(h, self.bqkv)

@@ -127,7 +127,7 @@ class ConvDecoderLayer(DecoderLayer):
 
     def _conv_qkv(self, x, cos, sin):
         h, side = self.attention_conv.prepare(rms_norm(x, self.attn_norm, self.args.rms_norm_eps))
-        q, k, v, _ = self._qkv_of_normed(h, cos, sin)  # DFlash layers have no output gate
+        q, k, v, _ = self.qkv_of(h, cos, sin)  # DFlash layers have no output gate
         return q, k, v, side
 
     def _conv_output(self, x: torch.Tensor, out: torch.Tensor, side: torch.Tensor) -> torch.Tensor:

@@ -107,6 +107,12 @@ def main() -> None:
         action="store_true",
         help="skip the methods on the dequantized target (faster)",
     )
+    ap.add_argument(
+        "--acceptance",
+        action="store_true",
+        help="also each method verifying every draft whole (verify policy full), packed and "
+        "dequantized: the drafters' own acceptance on each target",
+    )
     args = ap.parse_args()
 
     import torch

@@ -590,6 +590,30 @@ def tiny_dspark(tmp_path_factory) -> Path:
     return save_tiny_dspark(tmp_path_factory.mktemp("tiny-dspark") / "d")
 
 
+def second_token_tv(pipe, target, text: str = "The quick brown fox", n: int = 1500):
+    """(total variation between the empirical and exact distributions of the second token
+    `pipe` samples at T = 1, top-k 4, over `n` seeds; the same for a random distribution)."""
+    from specgen.config import SamplingParams
+    from specgen.verify.sampling import probabilities
+
+    params = SamplingParams(temperature=1.0, top_k=4)
+    prompt = pipe.encode(text, raw=True)
+    last = target(torch.tensor([prompt]), target.new_cache(32)).logits[0, -1]
+    first = probabilities(last, params)
+    seconds = torch.tensor([prompt + [x] for x in range(TINY_VOCAB)])
+    logits = target(seconds, target.new_cache(32, batch=TINY_VOCAB)).logits[:, -1]
+    exact = first @ probabilities(logits, params)  # P(x2) = sum_x1 p(x1) p(x2 | x1)
+    counts = torch.zeros(TINY_VOCAB)
+    session = pipe.new_session()
+    for seed in range(n):
+        sampling = SamplingParams(temperature=1.0, top_k=4, seed=seed)
+        out = pipe.generate(text, raw=True, sampling=sampling, max_new_tokens=2, session=session)
+        counts[out.token_ids[1]] += 1
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    far = 0.5 * (torch.distributions.Dirichlet(torch.ones(TINY_VOCAB)).sample() - exact).abs().sum()
+    return tv, far
+
+
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's goodness-of-fit test of observed `counts` against `probs`: the p-value.
 

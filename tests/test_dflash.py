@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import SpecConfig
 from specgen.errors import CheckpointError, SpecgenError
 from specgen.models.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
 from specgen.models.dflash_reference import reference_block_hidden
@@ -175,27 +175,9 @@ def test_no_known_drafter_for_a_plain_path(tiny_qwen3_deep):
 
 def test_sampling_through_dflash_has_the_target_distribution(pipes, target):
     """The second generated token's empirical distribution converges to the exact one."""
-    _, dflash = pipes
-    params = SamplingParams(temperature=1.0, top_k=4)
-    text = "The quick brown fox"
-    prompt = dflash.encode(text, raw=True)
-    from specgen.verify.sampling import probabilities
+    from conftest import second_token_tv
 
-    first = probabilities(
-        target(torch.tensor([prompt]), target.new_cache(32)).logits[0, -1], params
-    )
-    seconds = torch.tensor([prompt + [x] for x in range(TINY_VOCAB)])
-    logits = target(seconds, target.new_cache(32, batch=TINY_VOCAB)).logits[:, -1]
-    exact = first @ probabilities(logits, params)  # P(x2) = sum_x1 p(x1) p(x2 | x1)
-    counts = torch.zeros(TINY_VOCAB)
-    session = dflash.new_session()
-    n = 1500
-    for seed in range(n):
-        sampling = SamplingParams(temperature=1.0, top_k=4, seed=seed)
-        out = dflash.generate(text, raw=True, sampling=sampling, max_new_tokens=2, session=session)
-        counts[out.token_ids[1]] += 1
-    tv = 0.5 * (counts / n - exact).abs().sum().item()
-    far = 0.5 * (torch.distributions.Dirichlet(torch.ones(TINY_VOCAB)).sample() - exact).abs().sum()
+    tv, far = second_token_tv(pipes[1], target)
     assert tv < 0.06 and tv < far / 5, (tv, far)
 
 

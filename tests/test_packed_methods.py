@@ -211,30 +211,10 @@ def test_sampling_through_dflash_keeps_the_packed_targets_distribution(tiny_qwen
                                                                        tiny_dflash):  # fmt: skip
     """The second generated token's empirical distribution converges to the exact one of
     the packed (int4) target, as tests/test_dflash.py checks for a dense one."""
-    from conftest import TINY_VOCAB
-    from specgen.config import SamplingParams
-    from specgen.verify.sampling import probabilities
+    from conftest import second_token_tv
 
     loaded = load_target(str(tiny_qwen3_deep), device="cpu", dtype="float32", quantize="int4")
     spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")
     dflash = Pipeline._of(loaded, Decoding(SpecConfig())).with_spec(spec)
-    target = loaded.model
-    params = SamplingParams(temperature=1.0, top_k=4)
-    text = "The quick brown fox"
-    prompt = dflash.encode(text, raw=True)
-    first = probabilities(
-        target(torch.tensor([prompt]), target.new_cache(32)).logits[0, -1], params
-    )
-    seconds = torch.tensor([prompt + [x] for x in range(TINY_VOCAB)])
-    logits = target(seconds, target.new_cache(32, batch=TINY_VOCAB)).logits[:, -1]
-    exact = first @ probabilities(logits, params)  # P(x2) = sum_x1 p(x1) p(x2 | x1)
-    counts = torch.zeros(TINY_VOCAB)
-    session = dflash.new_session()
-    n = 1500
-    for seed in range(n):
-        sampling = SamplingParams(temperature=1.0, top_k=4, seed=seed)
-        out = dflash.generate(text, raw=True, sampling=sampling, max_new_tokens=2, session=session)
-        counts[out.token_ids[1]] += 1
-    tv = 0.5 * (counts / n - exact).abs().sum().item()
-    far = 0.5 * (torch.distributions.Dirichlet(torch.ones(TINY_VOCAB)).sample() - exact).abs().sum()
+    tv, far = second_token_tv(dflash, loaded.model)
     assert tv < 0.06 and tv < far / 5, (tv, far)

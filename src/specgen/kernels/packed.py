@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -77,10 +76,6 @@ def cpu_library():
             raise OSError("no C compiler (set CC)")
         lib = ctypes.CDLL(str(_build(cc)))
     except OSError as e:
-        warnings.warn(
-            f"packed weights run on the slow torch path: cannot build {SOURCE.name} ({e})",
-            stacklevel=2,
-        )
         print(
             f"specgen: packed weights run slowly: cannot build {SOURCE.name} ({e})", file=sys.stderr
         )

@@ -71,7 +71,8 @@ def test_packed_products_are_the_dequantized_product(kind, rows):
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
-    """Bit for bit: a verify block of 13 rows gives each row what a one-row step gives."""
+    """Bit for bit: a verify block of 13 rows gives each row what a one-row step gives, and
+    so do the few-row products (the kernel's direct path) and the many-row ones (scratch)."""
     m = packed_from_blocks(kind, random_blocks(kind, 64, COLS, np.random.default_rng(1)), 64,
                            COLS)  # fmt: skip
     x = torch.randn(13, COLS, generator=torch.Generator().manual_seed(2))
@@ -79,6 +80,8 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
     alone = torch.cat([packed_linear_cpu(x[i : i + 1], m) for i in range(13)])
     assert torch.equal(block, alone)
     assert torch.equal(packed_linear_cpu(x[None, 3:9], m)[0], block[3:9])  # [B, T, K] input
+    for few in (2, 3, 4, 5):
+        assert torch.equal(packed_linear_cpu(x[:few], m), block[:few])
 
 
 @pytest.mark.parametrize("bits,group", [(8, 32), (8, 128), (4, 32), (4, 64), (4, 128)])

@@ -87,19 +87,30 @@ def cpu_library():
     return f
 
 
+def kernel_threads() -> int:
+    """Threads for one packed product: torch's count (set by --threads)."""
+    return torch.get_num_threads()
+
+
 def packed_linear_cpu(x: torch.Tensor, m) -> torch.Tensor:
+    # Lean on purpose: a decode step makes one call per matrix (over a hundred), and each
+    # microsecond of Python here is a microsecond of every step.
     f = cpu_library()
-    grad = x.requires_grad and torch.is_grad_enabled()  # a drafter trained through the head
-    if f is None or x.dtype != torch.float32 or grad:
-        return packed_linear_torch(x, m)
+    if f is None or x.dtype != torch.float32 or (x.requires_grad and torch.is_grad_enabled()):
+        return packed_linear_torch(x, m)  # a drafter trained through the head: autograd
     n, k = m.shape
-    flat = x.reshape(-1, k).contiguous()
-    rows = flat.shape[0]
-    y = torch.empty(rows, n, dtype=torch.float32)
-    sums = torch.empty(rows * (k // m.group) if m.mins is not None else 1)
-    mins = None if m.mins is None else m.mins.data_ptr()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    rows = x.numel() // k
+    y = torch.empty(*x.shape[:-1], n)
+    mins = m.mins
+    if mins is None:
+        sums = 0
+    else:
+        scratch = torch.empty(rows * (k // m.group))
+        sums, mins = scratch.data_ptr(), mins.data_ptr()
     failed = f(
-        flat.data_ptr(),
+        x.data_ptr(),
         rows,
         k,
         m.q.data_ptr(),
@@ -109,12 +120,12 @@ def packed_linear_cpu(x: torch.Tensor, m) -> torch.Tensor:
         n,
         m.group,
         y.data_ptr(),
-        sums.data_ptr(),
-        torch.get_num_threads(),
+        sums,
+        1 if rows * n * k < MIN_PARALLEL_WORK else kernel_threads(),
     )
     if failed:
         raise MemoryError("packed matrix product: out of memory for scratch space")
-    return y.view(*x.shape[:-1], n)
+    return y
 
 
 def packed_linear(x: torch.Tensor, m) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specgen.kernels.packed import packed_linear
 from specgen.models.packed import PackedMatrix, quantize
 from specgen.models.weights import DenseWeight, LinearWeight, register_format
 
@@ -78,6 +79,10 @@ class PackedWeight(LinearWeight):
                 yield seg if (a, b) == (start, start + n) else _narrow(seg, a - start, b - start)
 
     def forward(self, x: torch.Tensor, bias=None, rows: slice | None = None) -> torch.Tensor:
+        if rows is None and len(self.starts) == 1:  # the usual call: one kernel, nothing else
+            seg = self.segments[0]
+            y = packed_linear(x, seg) if isinstance(seg, PackedMatrix) else seg(x)
+            return y if bias is None else y + bias
         parts = list(self._parts(rows))
         ys = [p(x) for p in parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)

@@ -25,6 +25,9 @@
 #define LANES 8
 #define COLS 4 /* output columns per tile */
 #define KC 512 /* columns of K unpacked at a time by the many-row path */
+#ifndef DIRECT_ROWS
+#define DIRECT_ROWS 4 /* up to this many rows of x skip the scratch (measured: docs/results.md) */
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -145,6 +148,114 @@ static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
     }
 }
 
+#ifdef SIMD
+/* W's row n, columns [k, k + 32), as 4 vectors of floats (the same values unpack32 stores) */
+static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, int64_t k,
+                               __m256 *o) {
+    if (bits == 4) {
+        const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
+        __m128i v = _mm_loadu_si128((const __m128i *)b), low = _mm_set1_epi8(15);
+        __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+        o[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+        o[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+        o[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+        o[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    } else {
+        const int8_t *q = (const int8_t *)w + n * K + k;
+        __m128i v0 = _mm_loadu_si128((const __m128i *)q), v1 = _mm_loadu_si128((const __m128i *)(q + 16));
+        o[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+        o[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+        o[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+        o[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+    }
+}
+
+/* R rows (a compile-time count, so the accumulators stay in registers) against W's column
+ * n, columns unpacked into registers and used at once: no scratch round trip. */
+#define DIRECT(NAME, R, BITS)                                                                    \
+    static inline void NAME(const float *x, int64_t K, const void *w,                        \
+                            const float *sc, int64_t group, int shift, int64_t n,            \
+                            float *acc) {                                                    \
+        __m256 a[R];                                                                         \
+        for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();                              \
+        if (group == 16)                                                                     \
+            for (int64_t k = 0; k < K; k += 32) {                                            \
+                __m256 wv[4];                                                                \
+                unpack_regs(w, BITS, K, n, k, wv);                                           \
+                __m256 s0 = _mm256_set1_ps(sc[k >> 4]), s1 = _mm256_set1_ps(sc[(k >> 4) + 1]); \
+                for (int r = 0; r < R; r++) {                                                \
+                    const float *xr = x + r * K + k;                                         \
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xr), wv[0]);                    \
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), wv[1], t);                  \
+                    a[r] = _mm256_fmadd_ps(t, s0, a[r]);                                     \
+                    t = _mm256_mul_ps(_mm256_loadu_ps(xr + 16), wv[2]);                      \
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), wv[3], t);                 \
+                    a[r] = _mm256_fmadd_ps(t, s1, a[r]);                                     \
+                }                                                                            \
+            }                                                                                \
+        else                                                                                 \
+            for (int64_t k = 0; k < K; k += 32) {                                            \
+                __m256 wv[4];                                                                \
+                unpack_regs(w, BITS, K, n, k, wv);                                           \
+                __m256 s = _mm256_set1_ps(sc[k >> shift]);                                   \
+                for (int r = 0; r < R; r++) {                                                \
+                    const float *xr = x + r * K + k;                                         \
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xr), wv[0]);                    \
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), wv[1], t);                  \
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), wv[2], t);                 \
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), wv[3], t);                 \
+                    a[r] = _mm256_fmadd_ps(t, s, a[r]);                                      \
+                }                                                                            \
+            }                                                                                \
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(acc + r * LANES, a[r]);                 \
+    }
+DIRECT(direct1_4, 1, 4)
+DIRECT(direct2_4, 2, 4)
+DIRECT(direct3_4, 3, 4)
+DIRECT(direct4_4, 4, 4)
+DIRECT(direct1_8, 1, 8)
+DIRECT(direct2_8, 2, 8)
+DIRECT(direct3_8, 3, 8)
+DIRECT(direct4_8, 4, 8)
+
+/* Few rows: the per-row arithmetic is tile()'s exactly (same blocks, same order), so which
+ * path ran never shows in the result. acc: M * LANES floats. */
+static void direct_column(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                          const float *scale, int64_t group, int64_t n, float *acc) {
+    int shift = 0;
+    while (((int64_t)1 << shift) < group) shift++;
+    const float *sc = scale + n * (K / group);
+    for (int64_t r0 = 0; r0 < M; r0 += 4) {
+        const float *xr = x + r0 * K;
+        float *ar = acc + r0 * LANES;
+        int rows = M - r0 < 4 ? (int)(M - r0) : 4;
+        if (bits == 4)
+            switch (rows) {
+            case 1: direct1_4(xr, K, w, sc, group, shift, n, ar); break;
+            case 2: direct2_4(xr, K, w, sc, group, shift, n, ar); break;
+            case 3: direct3_4(xr, K, w, sc, group, shift, n, ar); break;
+            default: direct4_4(xr, K, w, sc, group, shift, n, ar);
+            }
+        else
+            switch (rows) {
+            case 1: direct1_8(xr, K, w, sc, group, shift, n, ar); break;
+            case 2: direct2_8(xr, K, w, sc, group, shift, n, ar); break;
+            case 3: direct3_8(xr, K, w, sc, group, shift, n, ar); break;
+            default: direct4_8(xr, K, w, sc, group, shift, n, ar);
+            }
+    }
+}
+#endif
+
+/* output (r, n) from its lanes and the offsets: one function for every path, so the
+ * compiler contracts the sums the same way whichever path ran */
+static float column_out(const float *lanes, const float *mins, int64_t groups, const float *xs) {
+    float off = 0.0f;
+    if (mins)
+        for (int64_t g = 0; g < groups; g++) off += mins[g] * xs[g];
+    return lanes_sum(lanes) + off;
+}
+
 /* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */
 static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) {
     int64_t groups = K / group;
@@ -168,6 +279,28 @@ int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
     int64_t groups = K / group, tiles = (N + COLS - 1) / COLS;
     int failed = 0;
     if (mins) group_sums(x, M, K, group, xs);
+#ifdef SIMD
+    if (M <= DIRECT_ROWS) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            float *acc = malloc(sizeof(float) * M * LANES);
+            if (!acc) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+#pragma omp for schedule(static)
+                for (int64_t n = 0; n < N; n++) {
+                    direct_column(x, M, K, w, bits, scale, group, n, acc);
+                    for (int64_t r = 0; r < M; r++)
+                        y[r * N + n] = column_out(acc + r * LANES, mins ? mins + n * groups : NULL,
+                                                  groups, mins ? xs + r * groups : xs);
+                }
+            }
+            free(acc);
+        }
+        return failed ? -1 : 0;
+    }
+#endif
 #pragma omp parallel num_threads(nthreads)
     {
         float *wb = malloc(sizeof(float) * COLS * KC);
@@ -181,14 +314,10 @@ int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
                 int64_t n0 = t * COLS, cols = N - n0 < COLS ? N - n0 : COLS;
                 tile(x, M, K, w, bits, scale, group, n0, cols, acc, wb);
                 for (int64_t r = 0; r < M; r++)
-                    for (int c = 0; c < cols; c++) {
-                        float off = 0.0f;
-                        if (mins) {
-                            const float *m = mins + (n0 + c) * groups;
-                            for (int64_t g = 0; g < groups; g++) off += m[g] * xs[r * groups + g];
-                        }
-                        y[r * N + n0 + c] = lanes_sum(acc + (r * COLS + c) * LANES) + off;
-                    }
+                    for (int c = 0; c < cols; c++)
+                        y[r * N + n0 + c] =
+                            column_out(acc + (r * COLS + c) * LANES,
+                                       mins ? mins + (n0 + c) * groups : NULL, groups, mins ? xs + r * groups : xs);
             }
         }
         free(wb);

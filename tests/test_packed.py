@@ -71,16 +71,17 @@ def test_packed_products_are_the_dequantized_product(kind, rows):
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
-    """Bit for bit: a verify block of 13 rows gives each row what a one-row step gives, and
-    so do the few-row products (the kernel's direct path) and the many-row ones (scratch)."""
+    """Bit for bit: each row of a 37-row product (the kernel's many-row path, through
+    scratch) is what a one-row step gives, and so is each row of the few-row products (its
+    direct path: decode steps and verify blocks up to 16 rows)."""
     m = packed_from_blocks(kind, random_blocks(kind, 64, COLS, np.random.default_rng(1)), 64,
                            COLS)  # fmt: skip
-    x = torch.randn(13, COLS, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(37, COLS, generator=torch.Generator().manual_seed(2))
     block = packed_linear_cpu(x, m)
-    alone = torch.cat([packed_linear_cpu(x[i : i + 1], m) for i in range(13)])
+    alone = torch.cat([packed_linear_cpu(x[i : i + 1], m) for i in range(37)])
     assert torch.equal(block, alone)
     assert torch.equal(packed_linear_cpu(x[None, 3:9], m)[0], block[3:9])  # [B, T, K] input
-    for few in (2, 3, 4, 5):
+    for few in (2, 3, 4, 5, 13, 16, 17):
         assert torch.equal(packed_linear_cpu(x[:few], m), block[:few])
 
 

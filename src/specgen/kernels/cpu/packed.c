@@ -26,7 +26,7 @@
 #define COLS 4 /* output columns per tile */
 #define KC 512 /* columns of K unpacked at a time by the many-row path */
 #ifndef DIRECT_ROWS
-#define DIRECT_ROWS 4 /* up to this many rows of x skip the scratch (measured: docs/results.md) */
+#define DIRECT_ROWS 16 /* up to this many rows (decode steps, verify blocks) skip the scratch: docs/results.md */
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)

@@ -199,8 +199,9 @@ def _write_json(path, record: dict) -> None:
 # Bumped whenever a kernel's speed changes on purpose, so cached costs are measured again
 # (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
 # draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
-# its draft vocabulary gathered once, not per slot; drafts timed per length).
-KERNELS_REVISION = 4
+# its draft vocabulary gathered once, not per slot; drafts timed per length; 5: the packed
+# CPU kernel's direct path for verify blocks up to 16 rows).
+KERNELS_REVISION = 5
 
 
 def cached_costs(

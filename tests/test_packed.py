@@ -83,6 +83,8 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
     assert torch.equal(packed_linear_cpu(x[None, 3:9], m)[0], block[3:9])  # [B, T, K] input
     for few in (2, 3, 4, 5, 13, 16, 17):
         assert torch.equal(packed_linear_cpu(x[:few], m), block[:few])
+    for rows in (1, 4, 16):  # the same rows through both paths
+        assert torch.equal(packed_linear_cpu(x[:rows], m, direct_rows=0), block[:rows])
 
 
 @pytest.mark.parametrize("bits,group", [(8, 32), (8, 128), (4, 32), (4, 64), (4, 128)])

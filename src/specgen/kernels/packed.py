@@ -31,6 +31,9 @@ SOURCE = Path(__file__).parent / "cpu" / "packed.c"
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
 MIN_PARALLEL_WORK = 1 << 18
+# up to this many rows (decode steps, verify blocks) each column is unpacked into registers
+# and used at once; more rows (prefill) go through scratch: benchmarks/packed_kernel_rows.py
+DIRECT_ROWS = 16
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 
 
@@ -82,7 +85,7 @@ def cpu_library():
         return None
     f = lib.packed_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, i64, i64, p, p, ctypes.c_int]
+    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, i64, i64, p, p, ctypes.c_int, i64]
     f.restype = ctypes.c_int
     return f
 
@@ -92,7 +95,7 @@ def kernel_threads() -> int:
     return torch.get_num_threads()
 
 
-def packed_linear_cpu(x: torch.Tensor, m) -> torch.Tensor:
+def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> torch.Tensor:
     # Lean on purpose: a decode step makes one call per matrix (over a hundred), and each
     # microsecond of Python here is a microsecond of every step.
     f = cpu_library()
@@ -122,6 +125,7 @@ def packed_linear_cpu(x: torch.Tensor, m) -> torch.Tensor:
         y.data_ptr(),
         sums,
         1 if rows * n * k < MIN_PARALLEL_WORK else kernel_threads(),
+        direct_rows,
     )
     if failed:
         raise MemoryError("packed matrix product: out of memory for scratch space")

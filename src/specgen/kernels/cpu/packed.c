@@ -25,9 +25,6 @@
 #define LANES 8
 #define COLS 4 /* output columns per tile */
 #define KC 512 /* columns of K unpacked at a time by the many-row path */
-#ifndef DIRECT_ROWS
-#define DIRECT_ROWS 16 /* up to this many rows (decode steps, verify blocks) skip the scratch: docs/results.md */
-#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -271,16 +268,17 @@ static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, floa
 
 /* y[M, N] = x[M, K] W^T. bits 4 (w: uint8 [N, K/2]) or 8 (w: int8 [N, K]); scale and mins:
  * float [N, K/group], mins NULL for symmetric formats; group: 16 (8 bits only) or a multiple
- * of 32; K a multiple of 32 and of group; xs: scratch of M * K/group floats. Returns 0, or -1
- * when scratch memory could not be had. */
+ * of 32; K a multiple of 32 and of group; xs: scratch of M * K/group floats; direct_rows:
+ * up to this many rows take the direct path (the caller's choice, so that both paths can be
+ * timed and tested on the same input). Returns 0, or -1 when scratch memory could not be had. */
 int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
                   const float *scale, const float *mins, int64_t N, int64_t group, float *y,
-                  float *xs, int nthreads) {
+                  float *xs, int nthreads, int64_t direct_rows) {
     int64_t groups = K / group, tiles = (N + COLS - 1) / COLS;
     int failed = 0;
     if (mins) group_sums(x, M, K, group, xs);
 #ifdef SIMD
-    if (M <= DIRECT_ROWS) {
+    if (M <= direct_rows) {
 #pragma omp parallel num_threads(nthreads)
         {
             float *acc = malloc(sizeof(float) * M * LANES);

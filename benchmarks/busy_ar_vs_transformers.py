@@ -1,0 +1,126 @@
+"""specgen AR and transformers `generate` side by side beside 0, 1, 2 and 4 busy processes.
+
+    python benchmarks/busy_ar_vs_transformers.py [--loads 0,1,2,4] [--rounds 2] [--tokens 48]
+
+What a user sees on a shared machine: the embedded default (specgen: its packed GGUF as it
+runs by default; transformers: the same file dequantized to fp32, as transformers reads
+it), 3 prompts, greedy, each engine with its own defaults. Every run is a fresh process
+(OpenMP reads its settings once) and the two engines alternate which goes first. The load
+is N processes spinning on a core each, started before and stopped after each load level
+(daemons, so they never outlive the benchmark). Prints decode tokens/s and the ratio per
+load; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPTS = ("Why is the sky blue?", "Explain how a bicycle works.", "Write a short poem.")
+SPECGEN = r"""
+import sys, time
+import specgen
+from specgen.cli.common import quiet_libraries
+from specgen.pipeline import Pipeline
+quiet_libraries()
+pipe = Pipeline.load(device="cpu", dtype="float32")
+pipe.generate("Hello", max_new_tokens=8)
+tokens = seconds = 0
+for p in PROMPTS:
+    s = pipe.generate(p, max_new_tokens=int(sys.argv[1]), session=pipe.new_session()).stats
+    tokens += s.new_tokens - 1
+    seconds += s.seconds - s.ttft_seconds
+print(tokens / seconds)
+"""
+TRANSFORMERS = r"""
+import sys, time
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path = sys.argv[2]
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def ids(p):
+    chat = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+    return torch.tensor([chat if isinstance(chat, list) else chat["input_ids"]])
+with torch.inference_mode():
+    model.generate(ids("Hello"), max_new_tokens=8, do_sample=False)
+    tokens = seconds = 0
+    for p in PROMPTS:
+        x = ids(p)
+        t = time.perf_counter()
+        model.generate(x, max_new_tokens=1, do_sample=False)  # the prefill alone, to subtract
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = model.generate(x, max_new_tokens=int(sys.argv[1]), do_sample=False)
+        seconds += time.perf_counter() - t - first
+        tokens += out.shape[1] - x.shape[1] - 1
+print(tokens / seconds)
+"""
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _converted_dir() -> str:
+    from specgen.hub import resolve_model
+    from specgen.models.gguf import ensure_converted
+
+    resolved = resolve_model("smollm2-135m")
+    return str(ensure_converted(resolved.gguf, weights=True))
+
+
+def _run(engine: str, tokens: int, path: str) -> float:
+    code = f"PROMPTS = {PROMPTS!r}\n" + (SPECGEN if engine == "specgen" else TRANSFORMERS)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tokens), path],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--loads", default="0,1,2,4")
+    args = parser.parse_args()
+    path = _converted_dir()
+    results: dict[str, dict[str, list[float]]] = {}
+    for load in (int(x) for x in args.loads.split(",")):
+        spinners = [mp.Process(target=_spin, daemon=True) for _ in range(load)]
+        for s in spinners:
+            s.start()
+        try:
+            time.sleep(1)
+            row = results.setdefault(f"load={load}", {})
+            for r in range(args.rounds):
+                for engine in ("specgen", "transformers")[:: 1 if r % 2 == 0 else -1]:
+                    tps = _run(engine, args.tokens, path)
+                    row.setdefault(engine, []).append(tps)
+                    print(f"load={load} {engine:12s} {tps:6.1f} tok/s", flush=True)
+        finally:
+            for s in spinners:
+                s.terminate()
+                s.join()
+    summary = {}
+    for load, row in results.items():
+        ours, theirs = statistics.median(row["specgen"]), statistics.median(row["transformers"])
+        summary[load] = {"specgen": round(ours, 1), "transformers": round(theirs, 1),
+                         "ratio": round(ours / theirs, 2)}  # fmt: skip
+        print(f"{load}: specgen {ours:.1f}, transformers {theirs:.1f} tok/s: {ours / theirs:.2f}x")
+    print(json.dumps({"summary": summary, "runs": results}))
+
+
+if __name__ == "__main__":
+    main()

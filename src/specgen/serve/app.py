@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
 from specgen.errors import SpecgenError
+from specgen.serve import limits
 from specgen.serve.errors import APIError, invalid
 from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
@@ -60,6 +61,7 @@ class Service:
     debug: bool = False
     log: Log = Log()  # where internal errors are said
     draining: bool = False  # stopping: new requests get 503
+    max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES
     started: int = field(default_factory=lambda: int(time.time()))
     encoder: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="specgen-encode")
@@ -149,10 +151,8 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     """Parse, tokenize, queue; then stream the job's events or wait for its end."""
     if service.draining:
         raise APIError(503, "the server is stopping", code="shutting_down")
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise invalid(f"the body is not valid JSON ({e})", code="invalid_json") from None
+    raw = await limits.read_body(request.headers, request.stream(), service.max_body_bytes)
+    body = limits.parse_json(raw)
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and not isinstance(model, str):
         raise invalid(
@@ -170,13 +170,7 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     loop = asyncio.get_running_loop()
     ids = await loop.run_in_executor(service.encoder, _encode, pipe, req)
     if len(ids) >= pipe.context:
-        raise APIError(
-            413,
-            f"the prompt is {len(ids)} tokens but the context is {pipe.context} (leave room for "
-            "at least one new token; the server's --context sets it)",
-            param="messages" if chat else "prompt",
-            code="context_length_exceeded",
-        )
+        raise _context_exceeded(str(len(ids)), pipe.context, "messages" if chat else "prompt")
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
         req.method, ids, req.sampling, req.max_tokens, req.stops,
@@ -211,12 +205,48 @@ def _encode(pipe: Pipeline, req: GenRequest) -> list[int]:
             raise invalid(f"prompt: token id {bad[0]} is not in [0, {vocab})", "prompt")
         return list(req.prompt)  # type: ignore[arg-type]
     param = "messages" if req.chat else "prompt"
+    _refuse_certainly_too_long(pipe, req, param)
     try:
         return pipe.encode(req.prompt, raw=not req.chat, think=req.think)  # type: ignore[arg-type]
     except SpecgenError as e:
         raise invalid(str(e), param) from None
     except jinja2.TemplateError as e:  # the model's template refused these messages
         raise invalid(f"the chat template refused the messages: {e}", param) from None
+
+
+def _refuse_certainly_too_long(pipe: Pipeline, req: GenRequest, param: str) -> None:
+    """A 413 for a prompt whose length alone proves it cannot fit, before tokenizing it
+    all (a 20 MB prompt would hold the encoder for seconds)."""
+    if isinstance(req.prompt, str):
+        text = req.prompt
+    else:
+        text = "\n".join(str(m.get("content") or "") for m in req.prompt)  # type: ignore[union-attr]
+    tokenizer = getattr(getattr(pipe, "codec", None), "tokenizer", None)
+    if tokenizer is None:  # a stand-in pipeline (tests): nothing to measure with
+        return
+    longest = _LONGEST.get(id(tokenizer))
+    if longest is None:
+        longest = _LONGEST[id(tokenizer)] = limits.longest_token_chars(tokenizer)
+
+    def count(sample: str) -> int:
+        return len(tokenizer(sample, add_special_tokens=False)["input_ids"])
+
+    tokens = limits.certainly_too_long(text, pipe.context, longest, count)
+    if tokens is not None:
+        raise _context_exceeded(f"at least {tokens}", pipe.context, param)
+
+
+_LONGEST: dict[int, int] = {}  # tokenizer -> its longest token in characters
+
+
+def _context_exceeded(tokens: str, context: int, param: str) -> APIError:
+    return APIError(
+        413,
+        f"the prompt is {tokens} tokens but the context is {context} (leave room for "
+        "at least one new token; the server's --context sets it)",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 async def _whole(job: Job, events: asyncio.Queue, reply: Reply, request: Request) -> Response:

@@ -24,7 +24,7 @@ from specgen.text import TextCodec
 
 class StubPipe:
     """What the server reads of a Pipeline. `answers` is a list of texts, one per
-    answer in turn (cycled); each streams as one chunk per character pair."""
+    answer in turn (cycled); each streams a token a step."""
 
     costs = None
     thinking = False
@@ -46,15 +46,22 @@ class StubPipe:
         return self.codec.encode_chat(prompt, think=bool(think))
 
     def stream_ids(self, ids, sampling=None, max_new_tokens=256):
+        """The scripted answer's tokens, one a step, as the pipeline streams them (its
+        text decoded without special tokens)."""
+        from specgen.text import Detokenizer
+
         self.prompts.append(list(ids))
         text = self.answers[(len(self.prompts) - 1) % len(self.answers)]
         stats = GenStats(prompt_tokens=len(ids), prefill_tokens=len(ids))
-        pieces = [text[i : i + 2] for i in range(0, len(text), 2)][:max_new_tokens] or [""]
-        for i, piece in enumerate(pieces):
-            last = i == len(pieces) - 1
-            reason = ("length" if len(pieces) == max_new_tokens else "stop") if last else None
+        tokens = (self.codec.encode_raw(text) if text else [])[:max_new_tokens]
+        detok = Detokenizer(self.codec)
+        for i, token in enumerate(tokens or [None]):
+            last = i >= len(tokens) - 1
+            reason = ("length" if len(tokens) == max_new_tokens else "stop") if last else None
             stats.record_step(1, 0, 0, reason)
-            yield Chunk(piece, (1,), stats)
+            step = () if token is None else (token,)
+            piece = detok.push(list(step)) + (detok.flush() if last else "")
+            yield Chunk(piece, step, stats)
 
 
 def codec_with(tmp: Path, template: str | None = None, special: list[str] = ()) -> TextCodec:
@@ -69,10 +76,10 @@ def codec_with(tmp: Path, template: str | None = None, special: list[str] = ()) 
 
 
 @contextmanager
-def stub_app(pipe: StubPipe, **service):
+def stub_app(pipe: StubPipe, max_tokens: int = 16, **service):
     worker = Worker(lambda: {"ar": pipe}, queue_size=64)
     worker.start()
-    svc = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=16), Metrics(("ar",)),
+    svc = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=max_tokens), Metrics(("ar",)),
                   **service)  # fmt: skip
     worker.metrics = svc.metrics
     try:

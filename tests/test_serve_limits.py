@@ -171,7 +171,7 @@ FIELDS = {
 }
 CONTENTS = ["hi", "", None, 3, [{"type": "text", "text": "a"}], [{"type": "image"}], [1],
             {"text": "x"}, "x" * 300, "Café 🙂"]  # fmt: skip
-ROLES = ["user", "system", "assistant", "developer", "tool", "bot", None, 1]
+ROLES = ["user", "system", "assistant", "developer", "tool", "bot", None, 1, [], {"a": 1}]
 
 
 def junk(rng: random.Random, depth: int = 0):

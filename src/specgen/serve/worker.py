@@ -61,6 +61,9 @@ class Job:
     max_tokens: int
     stops: tuple[str, ...]
     post: Callable[[Delta | Done | Failed], None]  # called from the worker thread
+    # a chunk's text and drafted characters, when the answer is read otherwise than the
+    # pipeline decodes it (tool calls whose markers are special tokens: serve/tools.py)
+    text_of: Callable[[Any], tuple[str, int]] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -189,7 +192,10 @@ class Worker:
         try:
             for chunk in stream:
                 stats = chunk.stats
-                for piece in cut.push(chunk.text, chunk.draft_chars):
+                text, drafted = (chunk.text, chunk.draft_chars)
+                if job.text_of is not None:
+                    text, drafted = job.text_of(chunk)
+                for piece in cut.push(text, drafted):
                     self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
                 if cut.stopped:
                     finish = "stop"

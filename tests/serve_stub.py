@@ -45,7 +45,7 @@ class StubPipe:
             )
         return self.codec.encode_chat(prompt, think=bool(think))
 
-    def stream_ids(self, ids, sampling=None, max_new_tokens=256):
+    def stream_ids(self, ids, sampling=None, max_new_tokens=256, ignore_eos=False):
         """The scripted answer's tokens, one a step, as the pipeline streams them (its
         text decoded without special tokens)."""
         from specgen.text import Detokenizer

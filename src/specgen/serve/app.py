@@ -179,6 +179,7 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
         post=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         text_of=tooling.special_text(pipe.codec) if rendered and rendered.fmt
         and rendered.fmt.keeps_special else None,
+        ignore_eos=req.ignore_eos,
     )  # fmt: skip
     try:
         service.worker.submit(job)

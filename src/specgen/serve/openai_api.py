@@ -69,6 +69,7 @@ class GenRequest:
     include_usage: bool
     think: bool | None
     tools: Tools | None = None  # chat with tools offered (serve/tools.py)
+    ignore_eos: bool = False  # vLLM's: run to max_tokens whatever the model says
 
 
 def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]) -> GenRequest:
@@ -76,8 +77,8 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_type")
     for name, values in (HARMLESS | ({} if chat else COMPLETION_HARMLESS)).items():
-        if chat and name in TOOL_FIELDS:
-            continue  # honoured: parse_tools below
+        if (chat and name in TOOL_FIELDS) or name == "ignore_eos":
+            continue  # honoured below
         if name in body and not any(_same(body[name], v) for v in values):
             raise invalid(
                 f"{name}={_short(body[name])} is not supported by specgen (accepted: "
@@ -115,6 +116,7 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
         include_usage=bool(include_usage) and stream,
         think=_think(body, defaults.think),
         tools=tools,
+        ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
     )
 
 

@@ -64,6 +64,7 @@ class Job:
     # a chunk's text and drafted characters, when the answer is read otherwise than the
     # pipeline decodes it (tool calls whose markers are special tokens: serve/tools.py)
     text_of: Callable[[Any], tuple[str, int]] | None = None
+    ignore_eos: bool = False  # stop tokens do not end the answer (guidellm asks it)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -184,8 +185,9 @@ class Worker:
             return
         pipe = self.pipes[job.method]
         cut = StopCut(job.stops)
+        extra = {"ignore_eos": True} if job.ignore_eos else {}
         stream = pipe.stream_ids(
-            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens, **extra
         )
         stats = None
         finish = None

@@ -91,6 +91,18 @@ def test_nesting_within_the_bound_parses():
     assert limits.parse_json(('{"a":' * d + "1" + "}" * d).encode()) is not None
 
 
+@pytest.mark.parametrize(
+    "where",
+    ['{"prompt": "a\\ud800"}', '{"\\udfff": 1}', '{"messages": [{"content": ["\\ud800"]}]}'],
+)
+def test_a_lone_surrogate_is_a_400_not_a_tokenizer_s_type_error(where):
+    with pytest.raises(APIError) as e:
+        limits.parse_json(where.encode())
+    assert (e.value.status, e.value.code) == (400, "invalid_json")
+    assert "surrogate" in e.value.message
+    assert limits.parse_json(b'{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001f600"}  # a pair
+
+
 def test_too_many_items_is_a_400(monkeypatch):
     monkeypatch.setattr(limits, "MAX_ITEMS", 10)
     with pytest.raises(APIError) as e:
@@ -194,7 +206,7 @@ FIELDS = {
     "parallel_tool_calls": [True, False, "x"],
 }
 CONTENTS = ["hi", "", None, 3, [{"type": "text", "text": "a"}], [{"type": "image"}], [1],
-            {"text": "x"}, "x" * 300, "Café 🙂"]  # fmt: skip
+            {"text": "x"}, "x" * 300, "Café 🙂", "lone \ud800 surrogate"]  # fmt: skip
 ROLES = ["user", "system", "assistant", "developer", "tool", "bot", None, 1, [], {"a": 1}]
 
 
@@ -207,7 +219,7 @@ def junk(rng: random.Random, depth: int = 0):
     if kind == 2:
         return "".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(6)))
     if kind in (3, 4):
-        return rng.choice(["", "x", "\x00", "\ud7ff"])
+        return rng.choice(["", "x", "\x00", "\ud7ff", "\ud800", "a\udfff", "\ud83d\ude00"])
     if kind in (5, 6):
         return [junk(rng, depth + 1) for _ in range(rng.randrange(4))]
     return {str(junk(rng, 9)): junk(rng, depth + 1) for _ in range(rng.randrange(4))}

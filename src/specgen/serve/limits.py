@@ -59,21 +59,39 @@ def parse_json(body: bytes) -> Any:
 
 
 def check_shape(value: Any) -> None:
-    """Iteratively (a recursive walk is what the bound protects against)."""
+    """Iteratively (a recursive walk is what the bound protects against). Strings must
+    be text: JSON's `\\ud800` escapes decode to lone surrogates, which no tokenizer takes."""
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            if depth > MAX_DEPTH:
-                raise _too_deep()
-            if len(node) > MAX_ITEMS:
-                kind = "an object" if isinstance(node, dict) else "an array"
-                raise invalid(
-                    f"the body has {kind} of {len(node)} items; at most {MAX_ITEMS}",
-                    code="too_many_items",
-                )
-            items = node.values() if isinstance(node, dict) else node
-            stack.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+        if isinstance(node, str):
+            _text(node)
+        if not isinstance(node, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if len(node) > MAX_ITEMS:
+            kind = "an object" if isinstance(node, dict) else "an array"
+            raise invalid(
+                f"the body has {kind} of {len(node)} items; at most {MAX_ITEMS}",
+                code="too_many_items",
+            )
+        if isinstance(node, dict):
+            for key in node:
+                _text(key)
+        items = node.values() if isinstance(node, dict) else node
+        stack.extend((item, depth + 1) for item in items if isinstance(item, dict | list | str))
+
+
+def _text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = f"\\u{ord(s[e.start]):04x}"
+        raise invalid(
+            f"the body has a string with a lone surrogate ({bad}), which is not text",
+            code="invalid_json",
+        ) from None
 
 
 def _too_deep() -> APIError:

@@ -119,7 +119,8 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(body, param):
 
 @pytest.mark.parametrize(
     "field, value, option",
-    [("temperature", 2.5, "--temperature"), ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
+    [("temperature", 2.5, "--temperature"), ("temperature", 1e-300, "--temperature"),
+     ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
      ("seed", 2**64, "--seed"), ("max_tokens", 0, "--max-new-tokens")],
 )  # fmt: skip
 def test_the_server_holds_requests_to_the_command_lines_rule(field, value, option):

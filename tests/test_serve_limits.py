@@ -165,10 +165,11 @@ FIELDS = {
     "model": ["m", "", None, 3, "other"],
     "max_tokens": [1, 4, 0, -1, 2**70, "8", 2.5, None, True],
     "max_completion_tokens": [2, 0, None, []],
-    "temperature": [0, 0.7, 2, 3, -1, "hot", None, float("1e308")],
-    "top_p": [1, 0.5, 0, 2, None, {}],
-    "top_k": [0, -1, 5, -2, "x"],
-    "seed": [0, 7, -1, 2**64, 2**70, None, 1.5],
+    "temperature": [0, 0.7, 2, 3, -1, "hot", None, float("1e308"), 1e-300, 1e-4, 5e-324],
+    "top_p": [1, 0.5, 0, 2, None, {}, 1e-300],
+    "top_k": [0, -1, 5, -2, "x", 10**12, 2**63 - 1, 1],
+    "seed": [0, 7, -1, 2**64, 2**70, None, 1.5, 2**64 - 1, -(2**63)],
+    "ignore_eos": [True, False, "x"],
     "stop": ["\n", ["a", "b"], [1], ["x"] * 20, "", None, {"a": 1}],
     "stream": [True, False, None, "yes", 1],
     "stream_options": [{"include_usage": True}, {"include_usage": 1}, [], None],
@@ -335,3 +336,48 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
         assert ok.status_code == 200 and http.get("/health").json()["status"] == "ok"
     assert statuses.get(200, 0) > cases // 20 and statuses.get(400, 0) > cases // 10, statuses
     assert family == "chatml" or calls >= 10  # calls were parsed, whole and streamed
+
+
+def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep):
+    """Through a real pipeline (the tiny Qwen3, AR, a 64-token context): every field's
+    every value in a valid request, then 200 fuzzed bodies, so what only the engine sees
+    (extreme sampling values, answers that fill the context) is held to it too; it caught
+    temperature 1e-300 (a NaN softmax)."""
+    from fastapi.testclient import TestClient
+
+    from specgen.pipeline import Pipeline
+    from specgen.serve.app import Service, build_app
+    from specgen.serve.metrics import Metrics
+    from specgen.serve.openai_api import Defaults
+    from specgen.serve.worker import Worker
+
+    def load():
+        pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", context=64)
+        return {"ar": pipe}
+
+    worker = Worker(load, queue_size=8)
+    worker.start()
+    service = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=4), Metrics(("ar",)))
+    rng = random.Random(36)
+    statuses: dict[int, int] = {}
+    # every field's every value once in an otherwise valid request, then random bodies
+    bases = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+             ("/v1/completions", {"prompt": "hi"})]  # fmt: skip
+    single = [
+        (route, json.dumps({**base, "max_tokens": 4, name: value}).encode())
+        for name, values in FIELDS.items()
+        for value in values
+        for route, base in bases
+    ]
+    try:
+        with TestClient(build_app(service)) as http:
+            for i in range(len(single) + 200):
+                route, content = single[i] if i < len(single) else fuzz_body(rng)
+                r = http.post(route, content=content, headers={"Content-Type": "application/json"})
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                assert r.status_code < 500, (i, content[:300], r.text[:300])
+                assert "internal_error" not in r.text, (content[:300], r.text[:300])  # in a stream
+            assert http.post("/v1/completions", json={"prompt": "hi"}).status_code == 200
+    finally:
+        worker.close()
+    assert statuses.get(200, 0) > 10, statuses

@@ -338,9 +338,9 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
     assert family == "chatml" or calls >= 10  # calls were parsed, whole and streamed
 
 
-def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep):
-    """Through a real pipeline (the tiny Qwen3, AR, a 64-token context): every field's
-    every value in a valid request, then 200 fuzzed bodies, so what only the engine sees
+def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tiny_dflash):
+    """Through real pipelines (the tiny Qwen3, AR and DFlash, a 64-token context): every field's
+    every value in a valid request, then 100 fuzzed bodies, so what only the engine sees
     (extreme sampling values, answers that fill the context) is held to it too; it caught
     temperature 1e-300 (a NaN softmax)."""
     from fastapi.testclient import TestClient
@@ -350,18 +350,25 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep):
     from specgen.serve.metrics import Metrics
     from specgen.serve.openai_api import Defaults
     from specgen.serve.worker import Worker
+    from specgen.spec import SpecConfig
 
     def load():
-        pipe = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", context=64)
-        return {"ar": pipe}
+        spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+        return {
+            m: Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32", context=64,
+                             spec=spec if m == "dflash" else None)
+            for m in ("ar", "dflash")
+        }  # fmt: skip
 
     worker = Worker(load, queue_size=8)
     worker.start()
-    service = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=4), Metrics(("ar",)))
+    service = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=4),
+                      Metrics(("ar", "dflash")))  # fmt: skip
     rng = random.Random(36)
     statuses: dict[int, int] = {}
     # every field's every value once in an otherwise valid request, then random bodies
-    bases = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    bases = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                       "specgen": {"method": "dflash"}}),
              ("/v1/completions", {"prompt": "hi"})]  # fmt: skip
     single = [
         (route, json.dumps({**base, "max_tokens": 4, name: value}).encode())
@@ -371,7 +378,7 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep):
     ]
     try:
         with TestClient(build_app(service)) as http:
-            for i in range(len(single) + 200):
+            for i in range(len(single) + 100):
                 route, content = single[i] if i < len(single) else fuzz_body(rng)
                 r = http.post(route, content=content, headers={"Content-Type": "application/json"})
                 statuses[r.status_code] = statuses.get(r.status_code, 0) + 1

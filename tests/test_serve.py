@@ -236,7 +236,10 @@ BAD = [  # (route, body, status, param or code the error names)
     ("/v1/completions", {"prompt": RAW, "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": RAW, "logprobs": 1}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": HI, "logprobs": True}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, 400,
+     "tools[0].function"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{"function": {"name": "f"}}]}, 400,
+     "tools"),  # the tiny model's ChatML template has no tool support
     ("/v1/completions", {"prompt": RAW, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
     ("/v1/completions", {"prompt": RAW, "model": "gpt-4o"}, 404, "model"),
     ("/v1/completions", {"prompt": RAW, "specgen": {"method": "eagle"}}, 400, "specgen.method"),

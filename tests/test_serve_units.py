@@ -90,7 +90,7 @@ def test_defaults_and_overrides():
         (dict(messages=MSG, n=2), "n"),
         (dict(messages=MSG, n=True), "n"),
         (dict(messages=MSG, logprobs=True), "logprobs"),
-        (dict(messages=MSG, tools=[{"type": "function"}]), "tools"),
+        (dict(messages=MSG, tools=[{"type": "function"}]), "tools[0].function"),
         (dict(messages=MSG, response_format={"type": "json_object"}), "response_format"),
         (dict(messages=MSG, presence_penalty=1), "presence_penalty"),
         (dict(messages=MSG, max_tokens=0), "max_tokens"),
@@ -103,7 +103,8 @@ def test_defaults_and_overrides():
         (dict(messages=MSG, stream_options={"include_usage": 1}), "stream_options.include_usage"),
         (dict(messages=MSG, specgen={"method": "eagle"}), "specgen.method"),
         (dict(messages=MSG, specgen={"methd": "ar"}), "specgen.methd"),
-        (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+        (dict(messages=[{"role": "bot", "content": "x"}]), "messages[0].role"),
+        (dict(messages=[{"role": ["user"], "content": "x"}]), "messages[0].role"),
         (dict(messages=[{"role": "user", "content": [{"type": "image"}]}]), "messages[0].content"),
         (dict(messages=[]), "messages"),
         (dict(prompt=None), "prompt"),
@@ -118,7 +119,8 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(body, param):
 
 @pytest.mark.parametrize(
     "field, value, option",
-    [("temperature", 2.5, "--temperature"), ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
+    [("temperature", 2.5, "--temperature"), ("temperature", 1e-300, "--temperature"),
+     ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
      ("seed", 2**64, "--seed"), ("max_tokens", 0, "--max-new-tokens")],
 )  # fmt: skip
 def test_the_server_holds_requests_to_the_command_lines_rule(field, value, option):

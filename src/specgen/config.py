@@ -21,6 +21,9 @@ DEFAULT_MAX_NEW_TOKENS = 256
 # The sampling bounds, one rule for every caller (CLI flags, server request fields);
 # temperature stops at OpenAI's 2, where sampling is close to uniform anyway.
 MAX_TEMPERATURE = 2.0
+# ... and starts, past greedy's 0, at 1e-4: logits / T must stay finite in fp32 (a T of
+# 1e-300 is 0 there: the softmax was NaN, a 500 from the server)
+MIN_TEMPERATURE = 1e-4
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
@@ -138,8 +141,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            rule = f"must be in [0, {MAX_TEMPERATURE:g}]"
+        t = self.temperature
+        if not (t == 0.0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            rule = f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"
             raise OptionError("temperature", rule, self.temperature)
         if self.top_k < -1:
             raise OptionError("top_k", "must be >= 0 (or -1: off)", self.top_k)

@@ -257,7 +257,10 @@ class Pipeline:
         sampling: SamplingParams | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         session: Session | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[Chunk]:
+        """`ignore_eos`: stop tokens do not end the answer (vLLM's field; load testers ask
+        for exactly `max_new_tokens`); the context filling up still does."""
         if max_new_tokens < 1:
             raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
         session = session or self.session
@@ -275,7 +278,7 @@ class Pipeline:
             new_ids,
             params=params,
             max_new_tokens=max_new_tokens,
-            stop_ids=self.codec.stop_ids,
+            stop_ids=frozenset() if ignore_eos else self.codec.stop_ids,
             overlap=self.overlaps,
             resident=self.resident_steps,
         )

@@ -79,6 +79,14 @@ def serve(
             help="Requests that may wait while one is answered; beyond it, 503 + Retry-After.",
         ),
     ] = 16,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-body-bytes",
+            help="Largest request body in bytes (default 8 MiB); a longer one is refused "
+            "with 413 as soon as it passes the limit, before it is parsed.",
+        ),
+    ] = 8 * 1024 * 1024,
     shutdown_timeout: Annotated[
         float,
         typer.Option(
@@ -104,6 +112,7 @@ def serve(
         )  # fmt: skip
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,
+            max_body_bytes=max_body_bytes,
             shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
             debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip

@@ -28,10 +28,13 @@ from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
 from specgen.errors import SpecgenError
+from specgen.serve import limits
+from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid
 from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults, GenRequest, Reply, parse, usage
+from specgen.serve.tool_calls import Call, Content, ToolStream
 from specgen.serve.worker import Delta, Failed, Job, Overloaded, Worker
 
 if TYPE_CHECKING:
@@ -60,6 +63,7 @@ class Service:
     debug: bool = False
     log: Log = Log()  # where internal errors are said
     draining: bool = False  # stopping: new requests get 503
+    max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES
     started: int = field(default_factory=lambda: int(time.time()))
     encoder: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="specgen-encode")
@@ -149,10 +153,8 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     """Parse, tokenize, queue; then stream the job's events or wait for its end."""
     if service.draining:
         raise APIError(503, "the server is stopping", code="shutting_down")
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise invalid(f"the body is not valid JSON ({e})", code="invalid_json") from None
+    raw = await limits.read_body(request.headers, request.stream(), service.max_body_bytes)
+    body = limits.parse_json(raw)
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and not isinstance(model, str):
         raise invalid(
@@ -168,19 +170,16 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     req = parse(body, chat=chat, defaults=service.defaults, methods=service.methods)
     pipe = service.pipes[req.method]
     loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(service.encoder, _encode, pipe, req)
+    ids, rendered = await loop.run_in_executor(service.encoder, _encode, pipe, req)
     if len(ids) >= pipe.context:
-        raise APIError(
-            413,
-            f"the prompt is {len(ids)} tokens but the context is {pipe.context} (leave room for "
-            "at least one new token; the server's --context sets it)",
-            param="messages" if chat else "prompt",
-            code="context_length_exceeded",
-        )
+        raise _context_exceeded(str(len(ids)), pipe.context, "messages" if chat else "prompt")
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
         req.method, ids, req.sampling, req.max_tokens, req.stops,
         post=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+        text_of=tooling.special_text(pipe.codec) if rendered and rendered.fmt
+        and rendered.fmt.keeps_special else None,
+        ignore_eos=req.ignore_eos,
     )  # fmt: skip
     try:
         service.worker.submit(job)
@@ -195,13 +194,22 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     reply = Reply(prefix + uuid.uuid4().hex[:24], int(time.time()), service.model, chat)
     if req.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        sse = _stream(job, events, reply, req)
+        sse = _stream(job, events, reply, req, _tool_stream(req, rendered))
         return StreamingResponse(sse, media_type="text/event-stream", headers=headers)
-    return await _whole(job, events, reply, request)
+    return await _whole(job, events, reply, request, _tool_stream(req, rendered))
 
 
-def _encode(pipe: Pipeline, req: GenRequest) -> list[int]:
-    """The prompt's token ids: messages through the chat template, text as it is."""
+def _tool_stream(req: GenRequest, rendered: tooling.Rendered | None) -> ToolStream | None:
+    """Where the answer's tool calls are read, when tools are offered (else None)."""
+    if rendered is None or rendered.fmt is None or req.tools is None:
+        return None
+    single = not req.tools.parallel
+    return ToolStream(rendered.fmt, req.tools.schemas, rendered.primed, single)
+
+
+def _encode(pipe: Pipeline, req: GenRequest) -> tuple[list[int], tooling.Rendered | None]:
+    """The prompt's token ids (messages through the chat template, text as it is), and
+    how tools were rendered when they are in play."""
     import jinja2
 
     if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
@@ -209,17 +217,59 @@ def _encode(pipe: Pipeline, req: GenRequest) -> list[int]:
         bad = [t for t in req.prompt if not 0 <= t < vocab]  # type: ignore[operator]
         if bad:
             raise invalid(f"prompt: token id {bad[0]} is not in [0, {vocab})", "prompt")
-        return list(req.prompt)  # type: ignore[arg-type]
+        return list(req.prompt), None  # type: ignore[arg-type]
     param = "messages" if req.chat else "prompt"
+    _refuse_certainly_too_long(pipe, req, param)
     try:
-        return pipe.encode(req.prompt, raw=not req.chat, think=req.think)  # type: ignore[arg-type]
+        if req.chat and (req.tools is not None or tooling.uses_tools(req.prompt)):  # type: ignore[arg-type]
+            think = bool(pipe.thinking) if req.think is None else req.think
+            rendered = tooling.render(pipe.codec, req.prompt, req.tools, think)  # type: ignore[arg-type]
+            return rendered.ids, rendered
+        return pipe.encode(req.prompt, raw=not req.chat, think=req.think), None  # type: ignore[arg-type]
     except SpecgenError as e:
         raise invalid(str(e), param) from None
     except jinja2.TemplateError as e:  # the model's template refused these messages
         raise invalid(f"the chat template refused the messages: {e}", param) from None
 
 
-async def _whole(job: Job, events: asyncio.Queue, reply: Reply, request: Request) -> Response:
+def _refuse_certainly_too_long(pipe: Pipeline, req: GenRequest, param: str) -> None:
+    """A 413 for a prompt whose length alone proves it cannot fit, before tokenizing it
+    all (a 20 MB prompt would hold the encoder for seconds)."""
+    if isinstance(req.prompt, str):
+        text = req.prompt
+    else:
+        text = "\n".join(str(m.get("content") or "") for m in req.prompt)  # type: ignore[union-attr]
+    tokenizer = getattr(getattr(pipe, "codec", None), "tokenizer", None)
+    if tokenizer is None:  # a stand-in pipeline (tests): nothing to measure with
+        return
+    longest = _LONGEST.get(id(tokenizer))
+    if longest is None:
+        longest = _LONGEST[id(tokenizer)] = limits.longest_token_chars(tokenizer)
+
+    def count(sample: str) -> int:
+        return len(tokenizer(sample, add_special_tokens=False)["input_ids"])
+
+    tokens = limits.certainly_too_long(text, pipe.context, longest, count)
+    if tokens is not None:
+        raise _context_exceeded(f"at least {tokens}", pipe.context, param)
+
+
+_LONGEST: dict[int, int] = {}  # tokenizer -> its longest token in characters
+
+
+def _context_exceeded(tokens: str, context: int, param: str) -> APIError:
+    return APIError(
+        413,
+        f"the prompt is {tokens} tokens but the context is {context} (leave room for "
+        "at least one new token; the server's --context sets it)",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+async def _whole(
+    job: Job, events: asyncio.Queue, reply: Reply, request: Request, calls: ToolStream | None
+) -> Response:
     """The answer in one body; a client that leaves first stops the generation."""
 
     async def watch() -> None:
@@ -237,31 +287,48 @@ async def _whole(job: Job, events: asyncio.Queue, reply: Reply, request: Request
             elif isinstance(event, Failed):
                 raise event.error
             else:
-                return JSONResponse(
-                    reply.whole("".join(text), event.finish, usage(*event.usage), event.spec)
-                )
+                answer = "".join(text)
+                found: list[Call] = []
+                if calls is not None:
+                    read = calls.push(answer) + calls.flush()
+                    answer = "".join(e.text for e in read if isinstance(e, Content))
+                    found = [e for e in read if isinstance(e, Call)]
+                body = reply.whole(answer, event.finish, usage(*event.usage), event.spec)
+                if found:
+                    tooling.with_calls(body, found)
+                return JSONResponse(body)
     finally:
         watcher.cancel()
         job.cancel.set()  # a no-op once the job is done
 
 
 async def _stream(
-    job: Job, events: asyncio.Queue, reply: Reply, req: GenRequest
+    job: Job, events: asyncio.Queue, reply: Reply, req: GenRequest, calls: ToolStream | None
 ) -> AsyncIterator[str]:
     """Server-sent events: a role chunk (chat), text chunks with running stats, the finish
-    chunk with the whole answer's stats, the usage chunk if asked for, then [DONE]."""
+    chunk with the whole answer's stats, the usage chunk if asked for, then [DONE]. With
+    tools, a call goes out as one `tool_calls` delta once the model has closed it."""
     try:
         if reply.chat:
             yield _sse(reply.chunk("", role=True))
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                yield _sse(reply.chunk(event.text, spec=event.spec))
+                if calls is None:
+                    yield _sse(reply.chunk(event.text, spec=event.spec))
+                else:
+                    for read in calls.push(event.text):
+                        yield _sse(tooling.streamed(reply, read, event))
                 continue
             if isinstance(event, Failed):  # the status line is sent: the error goes inline
                 yield _sse(event.error.body())
             else:
-                yield _sse(reply.chunk(None, event.finish, spec=event.spec))
+                finish = event.finish
+                if calls is not None:
+                    for read in calls.flush():
+                        yield _sse(tooling.streamed(reply, read, event))
+                    finish = tooling.finish_reason(finish, calls.calls)
+                yield _sse(reply.chunk(None, finish, spec=event.spec))
                 if req.include_usage:
                     yield _sse(reply.usage_chunk(usage(*event.usage), event.spec))
             yield "data: [DONE]\n\n"

@@ -15,9 +15,11 @@ from typing import Any
 from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, checked_max_new_tokens
 from specgen.errors import OptionError
 from specgen.serve.errors import invalid
+from specgen.serve.tools import TOOL_FIELDS, Tools, parse_tools, tool_calls_of
 
-Messages = list[dict[str, str]]
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+Messages = list[dict[str, Any]]
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}  # fmt: skip
 MAX_STOPS = 16
 API_NAMES = {"max_new_tokens": "max_tokens"}  # the library's option -> the request's field
 
@@ -66,6 +68,8 @@ class GenRequest:
     stream: bool
     include_usage: bool
     think: bool | None
+    tools: Tools | None = None  # chat with tools offered (serve/tools.py)
+    ignore_eos: bool = False  # vLLM's: run to max_tokens whatever the model says
 
 
 def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]) -> GenRequest:
@@ -73,6 +77,8 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_type")
     for name, values in (HARMLESS | ({} if chat else COMPLETION_HARMLESS)).items():
+        if (chat and name in TOOL_FIELDS) or name == "ignore_eos":
+            continue  # honoured below
         if name in body and not any(_same(body[name], v) for v in values):
             raise invalid(
                 f"{name}={_short(body[name])} is not supported by specgen (accepted: "
@@ -81,6 +87,7 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
                 "unsupported_value",
             )
     prompt = _messages(body) if chat else _prompt(body)
+    tools = parse_tools(body) if chat else None
     max_tokens = _field(body, "max_completion_tokens", int)
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int)
@@ -108,6 +115,8 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
         stream=stream,
         include_usage=bool(include_usage) and stream,
         think=_think(body, defaults.think),
+        tools=tools,
+        ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
     )
 
 
@@ -155,13 +164,24 @@ def _messages(body: dict) -> Messages:
         if not isinstance(message, dict):
             raise invalid(f"{where} must be an object", where, "invalid_type")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             roles = ", ".join(ROLES)
-            raise invalid(f"{where}.role must be one of {roles} (got {_short(role)}): specgen "
-                          "has no tools", f"{where}.role", "unsupported_value")  # fmt: skip
-        if message.get("tool_calls"):
-            raise invalid(f"{where}.tool_calls: specgen has no tools", f"{where}.tool_calls")
-        out.append({"role": ROLES[role], "content": _content(message.get("content"), where)})
+            raise invalid(f"{where}.role must be one of {roles} (got {_short(role)})",
+                          f"{where}.role", "unsupported_value")  # fmt: skip
+        calls = message.get("tool_calls")
+        if calls and role != "assistant":
+            raise invalid(f"{where}.tool_calls: only an assistant message makes calls",
+                          f"{where}.tool_calls")  # fmt: skip
+        content = message.get("content")
+        if content is None and (calls or role == "assistant"):
+            content = ""  # an assistant turn that only called tools
+        entry: dict[str, Any] = {"role": ROLES[role], "content": _content(content, where)}
+        if calls:
+            entry["tool_calls"] = tool_calls_of(calls, f"{where}.tool_calls")
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                entry[key] = _field(message, key, str, None, f"{where}.")
+        out.append(entry)
     return out
 
 

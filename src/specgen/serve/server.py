@@ -23,6 +23,7 @@ import uvicorn
 from specgen.errors import SpecgenError
 from specgen.registry import MODELS
 from specgen.serve.app import Service, build_app
+from specgen.serve.limits import DEFAULT_MAX_BODY_BYTES
 from specgen.serve.log import Log
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
@@ -38,6 +39,7 @@ class ServeConfig:
     port: int = 8000  # 0: a free port, printed in the ready line
     api_key: str | None = None
     queue_size: int = 16  # requests that may wait while one is answered
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer request body is a 413
     shutdown_timeout: float = 10.0  # seconds answers in flight get after the first signal
     defaults: Defaults = Defaults()
     quiet: bool = False  # no request log or status lines
@@ -50,6 +52,8 @@ class ServeConfig:
             raise SpecgenError(f"--port must be in [0, 65535] (got {self.port})")
         if self.queue_size < 1:
             raise SpecgenError(f"--queue-size must be at least 1 (got {self.queue_size})")
+        if self.max_body_bytes < 1:
+            raise SpecgenError(f"--max-body-bytes must be at least 1 (got {self.max_body_bytes})")
         if self.shutdown_timeout < 0:
             raise SpecgenError(f"--shutdown-timeout must be >= 0 (got {self.shutdown_timeout})")
         if self.api_key is not None and not self.api_key.strip():
@@ -73,6 +77,7 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
         service = Service(
             worker, model, frozenset(model_names(base.name)), config.defaults, metrics,
             api_key=config.api_key, debug=config.debug, log=config.log,
+            max_body_bytes=config.max_body_bytes,
         )  # fmt: skip
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host

@@ -61,6 +61,10 @@ class Job:
     max_tokens: int
     stops: tuple[str, ...]
     post: Callable[[Delta | Done | Failed], None]  # called from the worker thread
+    # a chunk's text and drafted characters, when the answer is read otherwise than the
+    # pipeline decodes it (tool calls whose markers are special tokens: serve/tools.py)
+    text_of: Callable[[Any], tuple[str, int]] | None = None
+    ignore_eos: bool = False  # stop tokens do not end the answer (guidellm asks it)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -181,15 +185,19 @@ class Worker:
             return
         pipe = self.pipes[job.method]
         cut = StopCut(job.stops)
+        extra = {"ignore_eos": True} if job.ignore_eos else {}
         stream = pipe.stream_ids(
-            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens, **extra
         )
         stats = None
         finish = None
         try:
             for chunk in stream:
                 stats = chunk.stats
-                for piece in cut.push(chunk.text, chunk.draft_chars):
+                text, drafted = (chunk.text, chunk.draft_chars)
+                if job.text_of is not None:
+                    text, drafted = job.text_of(chunk)
+                for piece in cut.push(text, drafted):
                     self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
                 if cut.stopped:
                     finish = "stop"

@@ -1,0 +1,419 @@
+"""A model's tool calls read back out of its text, in the format its chat template taught
+it: one `Format` per family, found by what the template writes.
+
+- `hermes` (Qwen3, Qwen2.5): `<tool_call>{"name": N, "arguments": {...}}</tool_call>`
+- `qwen_xml` (Qwen3.5, Qwen3-Coder): `<tool_call><function=N><parameter=K>V</parameter>
+  </function></tool_call>`, a newline after each tag; values are text, typed by the schema
+- `llama_json` (Llama 3.1-3.3): the whole answer is `{"name": N, "parameters": {...}}`
+  (after `<|python_tag|>`, a special token the text leaves out)
+- `gemma4` (Gemma 4): `<|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>`
+
+`ToolStream` reads an answer as it streams: text before a call goes out as content at
+once (less a tail that may be the start of the opener), each call once it is closed.
+Text that does not parse as a call is handed back as content, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str  # a JSON object, as OpenAI sends it
+    id: str = ""
+    index: int = 0  # among the answer's calls
+
+    def body(self, index: int | None = None) -> dict[str, Any]:
+        fn = {"name": self.name, "arguments": self.arguments}
+        out: dict[str, Any] = {"id": self.id, "type": "function", "function": fn}
+        if index is not None:
+            out = {"index": index, **out}
+        return out
+
+
+def new_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+class Format:
+    """How one family writes a call. `opener`/`closer` bound each call; a format with no
+    closer (`llama_json`) takes the rest of the answer, and only from its start."""
+
+    name = ""
+    opener = ""
+    closer: str | None = None
+    at_start_only = False
+    keeps_special = False  # its markers are special tokens: decode the answer with them
+
+    def detect(self, template: str) -> bool:
+        raise NotImplementedError
+
+    def prefix(self, name: str | None) -> str:
+        """What the answer is made to start with when a call is required (`name` None)
+        or a named one is; the model writes the rest."""
+        raise NotImplementedError
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        """The calls in the text between opener and closer; None if it is not calls."""
+        raise NotImplementedError
+
+
+class Hermes(Format):
+    name, opener, closer = "hermes", "<tool_call>", "</tool_call>"
+
+    def detect(self, template: str) -> bool:
+        return "<tool_call>" in template and "<function=" not in template
+
+    def prefix(self, name: str | None) -> str:
+        named = "" if name is None else f'{{"name": {json.dumps(name)}, "arguments": '
+        return "<tool_call>\n" + named
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        obj = _json_object(inner)
+        if obj is None or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):  # some fine-tunes quote the object
+            args = _json_object(args)
+        return [(obj["name"], args)] if isinstance(args, dict) else None
+
+
+class QwenXML(Format):
+    name, opener, closer = "qwen_xml", "<tool_call>", "</tool_call>"
+    _function = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
+    _parameter = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+    def detect(self, template: str) -> bool:
+        return "<tool_call>" in template and "<function=" in template
+
+    def prefix(self, name: str | None) -> str:
+        return "<tool_call>\n<function=" + ("" if name is None else f"{name}>\n")
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        found = self._function.search(inner)
+        if found is None:
+            return None
+        name = found.group(1).strip()
+        props = (schemas.get(name) or {}).get("properties") or {}
+        args = {
+            key.strip(): _typed(value, (props.get(key.strip()) or {}).get("type"))
+            for key, value in self._parameter.findall(found.group(2))
+        }
+        return [(name, args)]
+
+
+class LlamaJSON(Format):
+    name, opener, closer, at_start_only = "llama_json", "{", None, True
+
+    def detect(self, template: str) -> bool:
+        return '"parameters": dictionary of argument name' in template or (
+            "<|python_tag|>" in template and "tool" in template
+        )
+
+    def prefix(self, name: str | None) -> str:
+        return '{"name": ' + ("" if name is None else f'{json.dumps(name)}, "parameters": ')
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        calls = []
+        for part in _json_objects(inner.removeprefix("<|python_tag|>")):
+            args = part.get("parameters", part.get("arguments", {}))
+            if not isinstance(part.get("name"), str) or not isinstance(args, dict):
+                return None
+            calls.append((part["name"], args))
+        return calls or None
+
+
+class Gemma4(Format):
+    name, opener, closer, keeps_special = "gemma4", "<|tool_call>", "<tool_call|>", True
+
+    def detect(self, template: str) -> bool:
+        return "<|tool_call>" in template
+
+    def prefix(self, name: str | None) -> str:
+        return "<|tool_call>call:" + ("" if name is None else f"{name}{{")
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        text = inner.strip()
+        if not text.startswith("call:") or "{" not in text:
+            return None
+        name, _, rest = text[len("call:") :].partition("{")
+        try:
+            args, end = _GemmaReader(rest).object_body()
+        except ValueError:
+            return None
+        return [(name.strip(), args)] if rest[end:].strip() == "" else None
+
+
+FORMATS: tuple[Format, ...] = (QwenXML(), Hermes(), Gemma4(), LlamaJSON())
+
+
+def format_of(template: str) -> Format | None:
+    return next((f for f in FORMATS if f.detect(template)), None)
+
+
+# --- reading a whole answer, or one as it streams -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Content:
+    text: str
+
+
+class ToolStream:
+    """An answer's text in, `Content` and `Call` out, in order. `primed` is text the
+    answer was made to start with (the prompt ends with it, so the model never writes
+    it); `single` keeps only the first call (`parallel_tool_calls: false`)."""
+
+    def __init__(
+        self, fmt: Format, schemas: dict[str, dict], primed: str = "", single: bool = False
+    ) -> None:
+        self.fmt, self.schemas, self.single = fmt, schemas, single
+        self.calls = 0
+        self._buf = primed
+        self._in_call = False
+        self._started = False  # anything but whitespace seen (formats that open at the start)
+        self._done = False  # at_start_only: the answer is content, not a call
+        self._after_call = False  # whitespace right after a call is not content
+
+    def push(self, text: str) -> list[Content | Call]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def flush(self) -> list[Content | Call]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[Content | Call]:
+        out: list[Content | Call] = []
+        while True:
+            if self._in_call:
+                if not self._read_call(out, final):
+                    return out
+                continue
+            if self._done:
+                out += _content(self._buf)
+                self._buf = ""
+                return out
+            if self.fmt.at_start_only:
+                stripped = self._buf.lstrip().removeprefix("<|python_tag|>").lstrip()
+                if not stripped:
+                    if final:
+                        out += _content(self._buf)
+                        self._buf = ""
+                    return out
+                if stripped.startswith("{"):
+                    self._in_call = True
+                    continue
+                self._done = True
+                continue
+            if self._after_call:
+                if not self._buf.strip():
+                    if final:
+                        self._buf = ""
+                    return out
+                self._buf, self._after_call = self._buf.lstrip(), False
+            at = self._buf.find(self.fmt.opener)
+            if at < 0:
+                keep = 0 if final else _partial_tail(self._buf, self.fmt.opener)
+                out += _content(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
+                return out
+            out += _content(self._buf[:at])
+            self._buf = self._buf[at:]
+            self._in_call = True
+
+    def _read_call(self, out: list, final: bool) -> bool:
+        """One call from the buffer (which starts at its opener); False: wait for more."""
+        closer = self.fmt.closer
+        if closer is None:  # the rest of the answer is the call(s)
+            if not final:
+                return False
+            raw, self._buf = self._buf, ""
+        else:
+            end = self._buf.find(closer)
+            if end < 0:
+                if not final:
+                    return False
+                raw, self._buf = self._buf, ""  # cut short (max_tokens): what it was
+            else:
+                raw = self._buf[: end + len(closer)]
+                self._buf = self._buf[end + len(closer) :]
+        self._in_call = False
+        closed = closer is None or raw.endswith(closer)
+        inner = raw if closer is None else raw[len(self.fmt.opener) :].removesuffix(closer)
+        parsed = self.fmt.parse(inner, self.schemas) if closed else None
+        if parsed is None:
+            out += _content(raw)
+            if closer is None:
+                self._done = True
+            return True
+        self._after_call = True
+        for name, args in parsed:
+            if self.single and self.calls:
+                break
+            out.append(Call(name, json.dumps(args, ensure_ascii=False), new_id(), self.calls))
+            self.calls += 1
+        if closer is None:
+            self._done = True
+        return True
+
+
+def split(text: str, fmt: Format, schemas: dict[str, dict], primed: str = "",
+          single: bool = False) -> tuple[str, list[Call]]:  # fmt: skip
+    """A whole answer: its content and its calls."""
+    stream = ToolStream(fmt, schemas, primed, single)
+    events = stream.push(text) + stream.flush()
+    content = "".join(e.text for e in events if isinstance(e, Content))
+    return content, [e for e in events if isinstance(e, Call)]
+
+
+def _content(text: str) -> list[Content]:
+    return [Content(text)] if text else []
+
+
+def _partial_tail(buf: str, opener: str) -> int:
+    """The length of the longest tail of `buf` that is a proper prefix of `opener`."""
+    for k in range(min(len(opener) - 1, len(buf)), 0, -1):
+        if buf.endswith(opener[:k]):
+            return k
+    return 0
+
+
+# --- the formats' value syntaxes -------------------------------------------------------------
+
+
+def _json_object(text: str) -> dict | None:
+    try:
+        value = json.loads(text.strip())
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _json_objects(text: str) -> list[dict]:
+    """Objects one after another, separated by `;`, commas or whitespace (Llama writes
+    parallel calls either way); [] if anything else is there."""
+    decoder = json.JSONDecoder()
+    out, i = [], 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n;,":
+            i += 1
+        if i == len(text):
+            return out
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (json.JSONDecodeError, RecursionError):
+            return []
+        if not isinstance(value, dict):
+            return []
+        out.append(value)
+
+
+def _typed(value: str, kind: Any) -> Any:
+    """A `<parameter>` value as its JSON Schema type says (the XML carries only text)."""
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind in (None, "string"):
+        return value
+    if kind == "boolean" and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    try:
+        parsed = json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        return value
+    ok = {"integer": int, "number": int | float, "object": dict, "array": list}.get(kind)
+    fits = ok is None or (isinstance(parsed, ok) and not isinstance(parsed, bool))
+    return parsed if fits else value
+
+
+class _GemmaReader:
+    """Gemma 4's argument syntax: `{k:v,...}` with bare keys, strings between `<|"|>`
+    marks, bare numbers, true/false/null, nested `{...}` and `[...]`."""
+
+    QUOTE = '<|"|>'
+    MAX_DEPTH = 64
+
+    def __init__(self, text: str) -> None:
+        self.text, self.i, self.depth = text, 0, 0
+
+    def object_body(self) -> tuple[dict, int]:
+        """Read `k:v,...}` (the opening brace already read); the index after the `}`."""
+        out: dict = {}
+        self._enter()
+        while True:
+            self._space()
+            if self._take("}"):
+                break
+            key_end = self.text.find(":", self.i)
+            if key_end < 0:
+                raise ValueError("no ':' after a key")
+            key = self.text[self.i : key_end].strip()
+            key = key.removeprefix(self.QUOTE).removesuffix(self.QUOTE)
+            self.i = key_end + 1
+            out[key] = self.value()
+            self._space()
+            if not self._take(","):
+                if not self._take("}"):
+                    raise ValueError("expected ',' or '}'")
+                break
+        self.depth -= 1
+        return out, self.i
+
+    def value(self) -> Any:
+        self._space()
+        if self.text.startswith(self.QUOTE, self.i):
+            end = self.text.find(self.QUOTE, self.i + len(self.QUOTE))
+            if end < 0:
+                raise ValueError("an unclosed string")
+            s = self.text[self.i + len(self.QUOTE) : end]
+            self.i = end + len(self.QUOTE)
+            return s
+        if self._take("{"):
+            return self.object_body()[0]
+        if self._take("["):
+            items: list = []
+            self._enter()
+            while True:
+                self._space()
+                if self._take("]"):
+                    break
+                items.append(self.value())
+                self._space()
+                if not self._take(","):
+                    if not self._take("]"):
+                        raise ValueError("expected ',' or ']'")
+                    break
+            self.depth -= 1
+            return items
+        m = re.compile(r"[^,}\]]*").match(self.text, self.i)
+        raw = m.group(0).strip() if m else ""
+        self.i = m.end() if m else self.i
+        if not raw:
+            raise ValueError("an empty value")
+        if raw in ("true", "false"):
+            return raw == "true"
+        if raw in ("null", "none", "None"):
+            return None
+        try:
+            return json.loads(raw)  # numbers
+        except (json.JSONDecodeError, RecursionError):
+            return raw
+
+    def _enter(self) -> None:
+        self.depth += 1
+        if self.depth > self.MAX_DEPTH:
+            raise ValueError("nested too deeply")
+
+    def _space(self) -> None:
+        while self.i < len(self.text) and self.text[self.i] in " \t\r\n":
+            self.i += 1
+
+    def _take(self, char: str) -> bool:
+        if self.text.startswith(char, self.i):
+            self.i += len(char)
+            return True
+        return False

@@ -82,13 +82,16 @@ def test_chain_equals_inference_drafts(tmp_path, target_dir, target, ar, layout,
 
 
 def _trained(target, target_dir, ar, tmp_path, steps=40):
-    """A drafter trained on half of one answer (it then accepts some drafts, misses others)."""
+    """A drafter trained on the start of one answer (it then accepts some drafts, misses others)."""
     prompt = ar.encode(TEXT, raw=True)
     answer = ar.generate(TEXT, raw=True, max_new_tokens=48).token_ids
-    seq = Sequence(prompt + answer[:24], len(prompt))
+    seq = Sequence(prompt + answer[:12], len(prompt))
     vocab = Vocab.of(target, [Sequence(prompt + answer, len(prompt))])
     config = eagle3_config(read_config(target_dir, "t"), (1, 4, 6), int(vocab.ids.shape[0]))
     net = new_eagle3(target, config, vocab, seed=0)
+    assert len(trainable(net)) == len(list(net.parameters())) == 10  # hidden_norm among them
+    assert all(bool(p.isfinite().all()) for p in net.parameters())
+    assert bool((net.hidden_norms[0] == 1).all())
     item = prepare(target, seq, net.args.taps, last=False)
     opt = torch.optim.AdamW(trainable(net), lr=3e-3)
     gen = torch.Generator().manual_seed(0)

@@ -202,7 +202,7 @@ def _project(net: Eagle3Net, features: torch.Tensor) -> torch.Tensor:
     eps = net.args.layers.rms_norm_eps
     if net.input_norm is not None:
         features = rms_norm(features, net.input_norm, eps)
-    if net.fc_norms:
+    if len(net.fc_norms):
         chunks = features.chunk(len(net.fc_norms), dim=-1)
         features = torch.cat(
             [rms_norm(c, w, eps) for c, w in zip(chunks, net.fc_norms, strict=True)], -1

@@ -28,6 +28,8 @@ def main() -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", required=True, help="JSON lines, appended to")
+    parser.add_argument("--drafter", action="append", default=[],
+                        help="drafters to stack (default: the registry's)")  # fmt: skip
     args = parser.parse_args()
 
     from replay import record
@@ -43,8 +45,9 @@ def main() -> None:
         taken = {p.text for p in load_suite(args.suite, args.exclude_first)}
         prompts = [p for p in prompts if p.text not in taken]
     pipe = _pipelines(
-        Run(device="cpu", dtype="float32", verify_policy="full", quiet=True), "stacked", []
-    )
+        Run(device="cpu", dtype="float32", verify_policy="full", quiet=True), "stacked",
+        args.drafter,
+    )  # fmt: skip
     stacked = pipe["stacked"]
     jobs = [(-1, "warm-up", stacked.encode("Hello"), 8)]
     jobs += [(i, p.category, stacked.encode(p.text), args.max_new_tokens)

@@ -27,7 +27,10 @@ from typing import Any
 
 from what_if_prices import PRESETS, priced_pipelines
 
-METHODS = ("dflash", "dspark", "stacked")
+# EAGLE-3's chain on the H200 at Qwen3-8B shapes, per drafted token (ratio to an AR step):
+# an assumption, never measured (one eager layer and the draft-vocabulary head per token,
+# against DFlash's 0.25 for its whole block)
+EAGLE3_H200_PER_TOKEN = 0.07
 
 
 def summary(traces: Sequence[Mapping[str, Any]], results: Mapping, prices) -> dict:
@@ -52,19 +55,21 @@ def summary(traces: Sequence[Mapping[str, Any]], results: Mapping, prices) -> di
 
 
 def print_table(table: Mapping, check: Mapping | None) -> None:
-    print("category".ljust(15) + "".join(f"{m:>20}" for m in METHODS) + "   stacked/best"
+    methods = list(table)
+    singles = [m for m in methods if m != "stacked"]
+    print("category".ljust(15) + "".join(f"{m:>20}" for m in methods) + "   stacked/best"
           + ("   check: Δτ Δmodeled" if check else ""))  # fmt: skip
     for cat in table["stacked"]:
         row = cat.ljust(15)
-        for m in METHODS:
+        for m in methods:
             r = table[m][cat]
             row += f"    {r['modeled_speedup']:6.4f} τ {r['tau']:5.3f}"
-        best = max(table[m][cat]["modeled_speedup"] for m in ("dflash", "dspark"))
+        best = max(table[m][cat]["modeled_speedup"] for m in singles)
         row += f"   {table['stacked'][cat]['modeled_speedup'] / best:12.4f}"
         if check:
-            dtau = max(abs(table[m][cat]["tau"] - check[m][cat]["tau"]) for m in METHODS)
+            dtau = max(abs(table[m][cat]["tau"] - check[m][cat]["tau"]) for m in methods)
             dmod = max(abs(table[m][cat]["modeled_speedup"] - check[m][cat]["modeled_speedup"])
-                       for m in METHODS)  # fmt: skip
+                       for m in methods)  # fmt: skip
             row += f"   {dtau:8.3f} {dmod:8.4f}"
         print(row)
 
@@ -74,9 +79,16 @@ def main() -> None:
     parser.add_argument("traces", nargs="+", help="record_drafts.py's JSON lines (.gz too), "
                         "replayed one after another")  # fmt: skip
     parser.add_argument("--preset", choices=sorted(PRESETS), default="h200-qwen3-8b")
+    parser.add_argument("--measured", action="store_true",
+                        help="this machine's measured prices instead of a preset's")  # fmt: skip
+    parser.add_argument("--drafter", action="append", default=[],
+                        help="the drafters the traces were recorded with (default: the "
+                        "registry's); every one is replayed alone and stacked")  # fmt: skip
     parser.add_argument("--slope", type=float, help="verify cost per draft (override)")
     parser.add_argument("--dflash", type=float, help="DFlash draft / AR step (override)")
     parser.add_argument("--dspark", type=float, help="DSpark draft / AR step (override)")
+    parser.add_argument("--eagle3", type=float, default=EAGLE3_H200_PER_TOKEN,
+                        help="EAGLE-3 draft / AR step per chain token")  # fmt: skip
     parser.add_argument("--check", help="a what-if bench run's output over the same prompts")
     parser.add_argument("--json", action="store_true", help="the table as JSON")
     args = parser.parse_args()
@@ -95,14 +107,21 @@ def main() -> None:
         with opened as lines:
             rows = [json.loads(line) for line in lines]
         traces += [r for r in rows if r["index"] >= 0 or not traces]  # one warm-up, first
+    singles = list(traces[0]["drafts"])  # the recorded drafters, by name
+    methods = (*singles, "stacked")
     slope, dflash, dspark = PRESETS[args.preset]
     slope = slope if args.slope is None else args.slope
-    dflash = dflash if args.dflash is None else args.dflash
-    dspark = dspark if args.dspark is None else args.dspark
-    pipes = _pipelines(Run(device="cpu", dtype="float32", quiet=True), ",".join(METHODS), [])
-    pipes = priced_pipelines(pipes, slope, {"dflash": dflash, "dspark": dspark})
-    results = replay(traces, {m: pipes[m] for m in METHODS})
-    table = summary(traces, results, prices_of(p.costs for p in pipes.values()))
+    prices = {
+        "dflash": dflash if args.dflash is None else args.dflash,
+        "dspark": dspark if args.dspark is None else args.dspark,
+        "eagle3": tuple(args.eagle3 * k for k in range(1, 17)),
+    }
+    run = Run(device="cpu", dtype="float32", quiet=True)
+    pipes = _pipelines(run, ",".join(methods), args.drafter)
+    if not args.measured:
+        pipes = priced_pipelines(pipes, slope, {n: prices[n] for n in singles})
+    results = replay(traces, {m: pipes[m] for m in methods})
+    table = summary(traces, results, prices_of(pipes[m].costs for m in methods))
     check = None
     if args.check:
         lines = open(args.check, encoding="utf-8").read().splitlines()

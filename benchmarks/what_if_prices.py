@@ -35,7 +35,7 @@ PRESETS = {
 }
 
 
-def priced_pipelines(pipes: dict, slope: float, drafts: dict[str, float]) -> dict:
+def priced_pipelines(pipes: dict, slope: float, drafts: dict) -> dict:
     """`pipes` deciding from the price list instead of their measured costs (ratios times
     this machine's measured plain step, so modeled tok/s keep plausible units)."""
     from specgen.scheduling.cost import CostTable
@@ -43,8 +43,12 @@ def priced_pipelines(pipes: dict, slope: float, drafts: dict[str, float]) -> dic
     measured = next(p.costs for p in pipes.values() if getattr(p, "costs", None))
     step = measured.seconds[0][0]
     verify = tuple(step * (1 + slope * n) for n in range(measured.max_drafts + 1))
+    # a ratio, or ratios per draft length (a chain drafter's time grows with k)
+    per_length = {n: d if isinstance(d, tuple) else (d,) for n, d in drafts.items()}
     table = CostTable(
-        (measured.contexts[0],), (verify,), {n: (step * d,) for n, d in drafts.items()}
+        (measured.contexts[0],),
+        (verify,),
+        {n: tuple(step * r for r in d) for n, d in per_length.items()},
     )
     out = {}
     for name, pipe in pipes.items():

@@ -378,7 +378,7 @@ def test_train_bad_input_is_one_line(tmp_path):
     out = str(tmp_path / "d")
     assert_one_line_error(
         run("train", "--kind", "eagle", "--data", "x", "--out", out, "--steps", "1"),
-        2, "--kind must be dflash or dspark",
+        2, "--kind must be dflash, dspark or eagle3",
     )  # fmt: skip
     assert_one_line_error(
         run("train", "--kind", "dflash", "--data", "x", "--out", out), 2, "give a budget"

@@ -33,3 +33,23 @@ def test_eagle3_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, layout)
         got = eagle3.generate(question, max_new_tokens=24, session=eagle3.new_session())
         assert got.token_ids == want.token_ids
         assert got.stats.verified > 0
+
+
+def test_the_shipped_eagle3_drafter_is_exact_and_accepted(pipe):
+    """specgen:smollm2-135m-eagle3 (`specgen train --kind eagle3`): AR's answers, with
+    drafts accepted, alone and stacked with the shipped DFlash and DSpark drafters."""
+    eagle3 = pipe.with_spec(
+        SpecConfig(method="eagle3", drafter="specgen:smollm2-135m-eagle3", verify_policy="full")
+    )
+    drafters = ("specgen:smollm2-135m-dflash", "specgen:smollm2-135m-dspark")
+    stacked = pipe.with_spec(
+        SpecConfig(drafter=(*drafters, "specgen:smollm2-135m-eagle3"), verify_policy="full")
+    )
+    assert stacked.drafters == ("dflash", "dspark", "eagle3")
+    for question in _questions({81, 121}):
+        want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
+        got = eagle3.generate(question, max_new_tokens=24, session=eagle3.new_session())
+        assert got.token_ids == want.token_ids
+        assert got.stats.accepted > 0
+        both = stacked.generate(question, max_new_tokens=24, session=stacked.new_session())
+        assert both.token_ids == want.token_ids

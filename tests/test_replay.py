@@ -79,3 +79,43 @@ def test_replay_takes_the_loops_steps_on_the_default_model(embedded_dir):
     prompts = [r["turns"][0] for r in rows if r["question_id"] in {81, 111, 121}]
     stats = _check_replay(ar, _priced(ar, {"dflash": None, "dspark": None}), prompts, 40)
     assert sum(s.accepted for s in stats) > 20
+
+
+def test_replay_takes_the_loops_steps_with_three_drafters(tiny_qwen3_deep, tiny_dflash, tmp_path):
+    """Stacked over DFlash, DSpark and EAGLE-3 (a chain drafter, priced per token): the
+    replay still takes each method's real steps."""
+    from eagle3_helpers import save_eagle3
+
+    from conftest import save_tiny_dspark
+    from specgen.scheduling.cost import CostTable
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    paths = {
+        "dflash": str(tiny_dflash),
+        "dspark": str(save_tiny_dspark(tmp_path / "dspark", target_layer_ids=[0, 2, 4])),
+        "eagle3": str(save_eagle3(tmp_path / "eagle3", "specforge", taps=[1, 3, 5])),
+    }
+    drafts = {
+        "dflash": (DRAFT,),
+        "dspark": (DRAFT,),
+        "eagle3": tuple(0.03 * k for k in range(1, 8)),
+    }
+    costs = CostTable(contexts=(1,), seconds=(STEPS,), drafts=drafts)
+    pipes = {}
+    for method, drafter in (*paths.items(), ("stacked", tuple(paths.values()))):
+        spec = SpecConfig(method=method, drafter=drafter, verify_policy="cost")
+        pipes[method] = ar.with_spec(spec, costs=costs)
+    prompts = ["The quick brown fox", "one two one two one two", "def add(a, b):"]
+    stacked = pipes["stacked"]
+    traces = [record(stacked, stacked.encode(p), 40) for p in prompts]
+    assert set(traces[0]["drafts"]) == set(paths)
+    real = {}
+    for method, pipe in pipes.items():
+        real[method] = [
+            pipe.generate(p, max_new_tokens=40, session=pipe.new_session()).stats for p in prompts
+        ]
+    replayed = replay(traces, pipes)
+    for method in pipes:
+        assert [r.shapes for r in replayed[method]] == [s.shapes for s in real[method]]
+    used = {s[1] for stats in real["stacked"] for s in stats.shapes}
+    assert "eagle3" in used

@@ -173,10 +173,10 @@ def test_stacked_stats_in_json(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
     assert sum(d["steps"] for d in stats["drafters"].values()) <= stats["steps"]
 
 
-def test_stacked_needs_one_of_each(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
-    with pytest.raises(CheckpointError, match="two drafters of different kinds"):
+def test_stacked_needs_two_distinct_drafters(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
+    with pytest.raises(CheckpointError, match="stacked got the same drafter twice"):
         _stacked(tiny_qwen3_deep, tiny_dflash, tiny_dflash)
-    with pytest.raises(SpecgenError, match="--method stacked takes 2 --drafter, got 1"):
+    with pytest.raises(SpecgenError, match="--method stacked takes 2 or more --drafter, got 1"):
         spec = SpecConfig(method="stacked", drafter=str(tiny_dspark))
         Pipeline.load(str(tiny_qwen3_deep), device="cpu", spec=spec)
     with pytest.raises(SpecgenError, match="no stacked drafter is known"):

@@ -19,7 +19,7 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     if spec.method not in METHODS:
         raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
     if spec.is_ar and isinstance(spec.drafter, tuple):  # the method mounting as many
-        fits = [m for m, cls in DRAFTERS.items() if cls.drafters_needed == len(spec.drafter)]
+        fits = [m for m, cls in DRAFTERS.items() if cls.mounts(len(spec.drafter))]
         if not fits:
             raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
         spec = replace(spec, method=fits[0])
@@ -31,10 +31,9 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     if spec.is_ar:
         return spec
     cls = DRAFTERS[spec.method]
-    if spec.drafter is not None and len(_sources(spec)) != cls.drafters_needed:
+    if spec.drafter is not None and not cls.mounts(len(_sources(spec))):
         raise SpecgenError(
-            f"--method {spec.method} takes {cls.drafters_needed} --drafter, "
-            f"got {len(_sources(spec))}"
+            f"--method {spec.method} takes {cls.mounts_text()} --drafter, got {len(_sources(spec))}"
         )
     if spec.drafter is not None or not cls.needs_drafter:
         return spec

@@ -74,7 +74,8 @@ class Run:
         None,
         "--drafter",
         help="Drafter checkpoint (directory or Hub repo) instead of the registry's; its kind "
-        "sets --method when that is not given. Give two (DFlash + DSpark) for stacked.",
+        "sets --method when that is not given. Give two or more (any mix of DFlash, DSpark, "
+        "DFlash 2, EAGLE-3) for stacked.",
     )
     draft_tokens: int | None = _shared(
         "method",

@@ -1,4 +1,5 @@
-"""`specgen train`: distil a DFlash or DSpark drafter for a target from its own answers."""
+"""`specgen train`: distil a DFlash, DSpark or EAGLE-3 drafter for a target from its own
+answers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from specgen.display import plural
 
 def train(
     out: Annotated[Path, typer.Option("--out", help="Directory for the drafter and state.")],
-    kind: Annotated[str, typer.Option("--kind", help="dflash or dspark.")] = "dflash",
+    kind: Annotated[str, typer.Option("--kind", help="dflash, dspark or eagle3.")] = "dflash",
     prompts: Annotated[
         list[Path] | None,
         typer.Option(
@@ -86,6 +87,10 @@ def train(
     full_vocab: Annotated[
         bool, typer.Option("--full-vocab", help="Train through the whole LM head.")
     ] = False,
+    train_sequences: Annotated[
+        int | None,
+        typer.Option("--train-sequences", help="Train on the first N answers only."),
+    ] = None,
     eval_minutes: Annotated[
         float, typer.Option("--eval-minutes", help="Offline τ on held-out answers this often.")
     ] = 3.0,
@@ -114,8 +119,10 @@ def train(
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
-        if kind not in ("dflash", "dspark"):
-            raise SpecgenError(f"--kind must be dflash or dspark (got {kind!r})")
+        if kind not in ("dflash", "dspark", "eagle3"):
+            raise SpecgenError(f"--kind must be dflash, dspark or eagle3 (got {kind!r})")
+        if kind == "eagle3" and init != "random":
+            raise SpecgenError(f"--kind eagle3 starts from random weights only (got --init {init})")
         if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
             raise SpecgenError(
                 f"--init must be random, target or a drafter directory (got {init!r})"
@@ -171,6 +178,7 @@ def train(
             init_from=init if init not in ("target", "random") else None,
             restrict_vocab=not full_vocab,
             eval_minutes=eval_minutes,
+            train_sequences=train_sequences,
         )
 
         def report(row: dict) -> None:

@@ -127,7 +127,8 @@ class DraftMethod(Protocol):
     name: ClassVar[str]  # set by `register`
     architectures: ClassVar[tuple[str, ...]] = ()  # config.json architectures it loads
     needs_drafter: ClassVar[bool] = True  # loads a checkpoint (--drafter or the registry's)
-    drafters_needed: ClassVar[int] = 1  # checkpoints it mounts: 0, 1, or 2 (stacked)
+    # checkpoints it mounts: 0, 1, or (stacked) at least this many (`mounts`)
+    drafters_needed: ClassVar[int] = 1
     # methods whose checkpoints `--method NAME` also runs, under their own name
     variants: ClassVar[tuple[str, ...]] = ()
     max_draft_tokens: int
@@ -137,6 +138,16 @@ class DraftMethod(Protocol):
     def claims(cls, config: dict) -> bool:
         """Whether a drafter checkpoint with this config.json is this method's."""
         return bool(set(config.get("architectures") or []) & set(cls.architectures))
+
+    @classmethod
+    def mounts(cls, count: int) -> bool:
+        """Whether it runs with `count` drafter checkpoints."""
+        return count == cls.drafters_needed
+
+    @classmethod
+    def mounts_text(cls) -> str:
+        """How many --drafter it takes, for messages."""
+        return str(cls.drafters_needed)
 
     @classmethod
     def registry_drafter(cls, drafters: Mapping[str, str]) -> str | tuple[str, ...] | None:

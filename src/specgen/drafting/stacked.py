@@ -1,22 +1,27 @@
-"""`--method stacked`: two drafters (DFlash and DSpark) mounted on one target.
+"""`--method stacked`: two or more drafters (any mix of DFlash, DSpark, DFlash 2 and
+EAGLE-3 checkpoints) mounted on one target.
 
-One capture of target features feeds both: the target taps the union of their layers
-and each drafter's context cache is extended with every committed token (and rolled back
-with the target), so either can draft the next step. The drafters are the two options
-(buckets 0 and 1) the scheduler chooses between before each step
-(`scheduling/scheduler.py`); the chosen drafter's draft goes through the shared verifier,
-and a DSpark draft keeps its confidences, so the verify-length scheduler still trims it.
-The choice never looks at the tokens it will be judged on, so the output is exact.
-Without a scheduler the first drafter drafts every step.
+One capture of target features feeds them all: the target taps the union of their layers
+and every drafter's context (a block drafter's context cache, EAGLE-3's own KV cache and
+fused features) is extended with every committed token and rolled back with the target,
+whichever drafter drafted, so any of them can draft the next step. The drafters are the
+options (buckets 0, 1, ...) the scheduler chooses between before each step
+(`scheduling/scheduler.py`) by each one's own measured steps; the chosen drafter's draft
+goes through the one shared verify, and a DSpark draft keeps its confidences, so the
+verify-length scheduler still trims it. The choice never looks at the tokens it will be
+judged on, so the output is exact. Without a scheduler the first drafter drafts every step.
 
-The two are found by their checkpoints' kinds (any two different registered drafter
-methods); each is validated against the target as it would be alone.
+The drafters' kinds are read from their checkpoints; each is validated against the target
+as it would be alone. A drafter is named by its kind (in stats, traces, cost tables), or
+by its kind and its place among those of that kind when several share one.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -37,17 +42,25 @@ if TYPE_CHECKING:
     from specgen.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
-MOUNTED = ("dflash", "dspark")  # the registry's drafters a stacked alias uses
-
 
 @register("stacked")
 class StackedMethod(DraftMethod):
-    drafters_needed = 2
+    drafters_needed = 2  # at least
+
+    @classmethod
+    def mounts(cls, count: int) -> bool:
+        return count >= cls.drafters_needed
+
+    @classmethod
+    def mounts_text(cls) -> str:
+        return f"{cls.drafters_needed} or more"
 
     @classmethod
     def registry_drafter(cls, drafters: Mapping[str, str]) -> tuple[str, ...] | None:
-        found = tuple(drafters[m] for m in MOUNTED if m in drafters)
-        return found if len(found) == 2 else None
+        """All of a registry entry's drafters (every one a single-drafter method), when it
+        has two or more."""
+        found = tuple(p for m, p in drafters.items() if m in DRAFTERS and _single(m))
+        return found if cls.mounts(len(found)) else None
 
     def __init__(self, names: Sequence[str], methods: Sequence[DraftMethod]) -> None:
         self.names = tuple(names)
@@ -65,14 +78,18 @@ class StackedMethod(DraftMethod):
         target_name: str,
         notify: Callable[[str], None] | None = None,
     ) -> StackedMethod:
-        if len(checkpoints) != 2:
-            raise SpecgenError("--method stacked needs two drafters: --drafter A --drafter B")
-        kinds = [method_of(c.path) for c in checkpoints]
-        if kinds[0] == kinds[1] or not all(DRAFTERS[k].drafters_needed == 1 for k in kinds):
-            raise CheckpointError(
-                f"stacked needs two drafters of different kinds (e.g. dflash + dspark), "
-                f"got {kinds[0]} + {kinds[1]}"
+        if not cls.mounts(len(checkpoints)):
+            raise SpecgenError(
+                "--method stacked needs two or more drafters: --drafter A --drafter B [...]"
             )
+        _refuse_repeats(checkpoints)
+        kinds = [method_of(c.path) for c in checkpoints]
+        for kind, checkpoint in zip(kinds, checkpoints, strict=True):
+            if not _single(kind):
+                raise CheckpointError(
+                    f"{checkpoint.name} is a {kind} checkpoint; stacked mounts drafters of "
+                    "one checkpoint each (dflash, dflash2, dspark, eagle3)"
+                )
         methods = [
             DRAFTERS[k].load(
                 target,
@@ -83,7 +100,7 @@ class StackedMethod(DraftMethod):
             )
             for k, c in zip(kinds, checkpoints, strict=True)
         ]
-        return cls(kinds, methods)
+        return cls(_names(kinds), methods)
 
     @property
     def mounted(self) -> Mapping[str, DraftMethod]:
@@ -91,6 +108,34 @@ class StackedMethod(DraftMethod):
 
     def new_drafter(self, capacity: int) -> StackedDrafter:
         return StackedDrafter(self, capacity)
+
+
+def _single(kind: str) -> bool:
+    return DRAFTERS[kind].drafters_needed == 1
+
+
+def _refuse_repeats(checkpoints: Sequence[Checkpoint]) -> None:
+    """One checkpoint given twice would only double its cost: it drafts the same."""
+    seen: dict[Path, str] = {}
+    for c in checkpoints:
+        where = c.path.resolve()
+        if where in seen:
+            raise CheckpointError(
+                f"stacked got the same drafter twice ({seen[where]} and {c.name}): "
+                "give each --drafter once"
+            )
+        seen[where] = c.name
+
+
+def _names(kinds: Sequence[str]) -> list[str]:
+    """Each drafter's name: its kind, or `kind-1`, `kind-2`, ... where several share one."""
+    count = Counter(kinds)
+    seen: Counter[str] = Counter()
+    names = []
+    for kind in kinds:
+        seen[kind] += 1
+        names.append(kind if count[kind] == 1 else f"{kind}-{seen[kind]}")
+    return names
 
 
 class StackedDrafter(ResidentDrafter):
@@ -139,7 +184,7 @@ class StackedDrafter(ResidentDrafter):
         draft = self.drafters[chosen].propose(anchor, max_tokens, params, generator)
         return self._mark(draft, chosen)
 
-    # The device-resident loop (engine/resident.py), when both drafters can be driven by it.
+    # The device-resident loop (engine/resident.py), when every drafter can be driven by it.
 
     def _resident(self) -> list[ResidentDrafter]:
         assert self.resident, "the resident loop drives only drafters that are resident"

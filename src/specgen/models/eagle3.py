@@ -42,13 +42,17 @@ class Eagle3Net(nn.Module):
         h, taps, th = la.hidden_size, len(args.taps), args.target_hidden
         self.args, self.dtype = args, dtype
         self.fc = new_weight(h, taps * th, **w)
-        self.fc_norms = [new_weight(th, **w) for _ in range(taps)] if args.fc_norm else []
+        # registered (ParameterList), so they move, train and save with the rest
+        fc_norms = [new_weight(th, **w) for _ in range(taps)] if args.fc_norm else []
+        self.fc_norms = nn.ParameterList(fc_norms)
         self.input_norm = new_weight(taps * th, **w) if args.norm_before_fc else None
         self.layers = nn.ModuleList(
             DecoderLayer(la, dtype, device, in_features=2 * h if self.fused(i) else None)
             for i in range(la.num_layers)
         )
-        self.hidden_norms = [new_weight(h, **w) for i in range(la.num_layers) if self.fused(i)]
+        self.hidden_norms = nn.ParameterList(
+            new_weight(h, **w) for i in range(la.num_layers) if self.fused(i)
+        )
         self.norm = new_weight(h, **w)
         # the head: the checkpoint's draft rows, or (DeepSpec) the target's own
         own_head = not args.target_head
@@ -106,7 +110,7 @@ class Eagle3Net(nn.Module):
         eps = self.args.layers.rms_norm_eps
         if self.input_norm is not None:  # speculators' norm_before_fc
             features = rms_norm(features, self.input_norm, eps)
-        if self.fc_norms:  # one norm per tap
+        if len(self.fc_norms):  # one norm per tap
             chunks = features.chunk(len(self.fc_norms), dim=-1)
             features = torch.cat(
                 [rms_norm(c, w, eps) for c, w in zip(chunks, self.fc_norms, strict=True)], -1

@@ -12,6 +12,7 @@ as the engine does. The CPU study found this within 0.03 of real decoding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -68,10 +69,15 @@ def offline_acceptance(
     items: list[Prepared],
     vocab: Vocab | None = None,
 ) -> OfflineAcceptance:
+    return walk(accepted_lengths(target, net, item, vocab=vocab) for item in items)
+
+
+def walk(answers: Iterable[tuple[int, torch.Tensor]]) -> OfflineAcceptance:
+    """Greedy decoding's steps along each answer, from (first anchor, accepted drafts at
+    each anchor): any drafter's, once its drafts at every anchor are known."""
     steps, committed = 0, 0
     reached: list[int] = []
-    for item in items:
-        lo, accepted = accepted_lengths(target, net, item, vocab=vocab)
+    for lo, accepted in answers:
         p = lo
         while p - lo < accepted.shape[0]:
             a = int(accepted[p - lo])

@@ -23,9 +23,19 @@ import torch
 from specgen.drafting.vocab import save_draft_vocab
 from specgen.models.dflash import DFlashArgs, DFlashNet
 from specgen.models.dspark import DSparkArgs, DSparkNet
+from specgen.models.eagle3 import Eagle3Net
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import save_drafter, text_config
-from specgen.training.evaluate import offline_acceptance
+from specgen.training.eagle3 import accepted_lengths as eagle3_accepted
+from specgen.training.eagle3 import (
+    default_taps,
+    eagle3_config,
+    eagle3_loss,
+    new_eagle3,
+    save_eagle3,
+)
+from specgen.training.eagle3 import trainable as eagle3_trainable
+from specgen.training.evaluate import offline_acceptance, walk
 from specgen.training.features import target_features
 from specgen.training.init import init_from_target, random_init
 from specgen.training.state import FILE as STATE_FILE
@@ -42,7 +52,7 @@ from specgen.training.trainer import (
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str = "dflash"  # or "dspark"
+    kind: str = "dflash"  # or "dspark", "eagle3" (training/eagle3.py)
     block_size: int = 8
     draft_layers: int = 1
     target_layers: tuple[int, ...] = ()  # () = spread over the target (z-lab's rule)
@@ -54,7 +64,7 @@ class TrainConfig:
     steps: int | None = None
     sequences_per_step: int = 4
     anchors_per_sequence: int = 16
-    gamma: float = 4.0
+    gamma: float = 4.0  # slot (EAGLE-3: chain step) weights exp(-k / gamma)
     clip: float = 1.0
     checkpoint_every: int = 200
     seed: int = 0
@@ -135,6 +145,55 @@ def warm_start(net: DFlashNet | DSparkNet, target: Transformer, path: Path) -> N
     net.load_state_dict(theirs)
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the drafter kinds `train` trains: the config it writes, the
+    starting net, the loss of one sequence, the held-out τ and the checkpoint writer."""
+
+    config: Callable[..., dict]  # (target config, target layers, cfg, vocab)
+    new: Callable[..., Any]  # (target, config, cfg, vocab) -> net
+    trainable: Callable[[Any], list[torch.nn.Parameter]]
+    loss: Callable[..., Any]  # trainer.sequence_loss's signature
+    evaluate: Callable[..., Any]  # (target, net, held, vocab) -> OfflineAcceptance
+    write: Callable[..., None]  # (out, net, config, vocab, record)
+
+
+def _write_eagle3(out: Path, net, config: dict, vocab: Vocab | None, record: dict) -> None:
+    save_eagle3(out, net, config, extra={"specgen_training": record})
+
+
+BLOCK = Kind(
+    config=lambda tc, layers, cfg, vocab: drafter_config(tc, layers, cfg),
+    new=lambda target, config, cfg, vocab: new_drafter(
+        target, config, cfg.kind, cfg.seed, cfg.init_from_target
+    ),
+    trainable=trainable,
+    # by name, when called (tests stand in for the loss)
+    loss=lambda *args, **kwargs: sequence_loss(*args, **kwargs),
+    evaluate=lambda *args: offline_acceptance(*args),
+    write=lambda out, net, config, vocab, record: _write_drafter(out, net, config, vocab, record),
+)
+EAGLE3 = Kind(
+    config=lambda tc, layers, cfg, vocab: eagle3_config(
+        tc,
+        cfg.target_layers or default_taps(layers),
+        tc.get("vocab_size") if vocab is None else int(vocab.ids.shape[0]),
+    ),
+    new=lambda target, config, cfg, vocab: new_eagle3(target, config, vocab, cfg.seed),
+    trainable=eagle3_trainable,
+    loss=eagle3_loss,
+    evaluate=lambda target, net, held, vocab: walk(
+        eagle3_accepted(target, net, item, vocab) for item in held
+    ),
+    write=_write_eagle3,
+)
+KINDS = {"dflash": BLOCK, "dspark": BLOCK, "eagle3": EAGLE3}
+
+
+def kind_of(name: str) -> Kind:
+    return KINDS[name]
+
+
 def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
     """Linear warm-up over `warmup` steps, then cosine to 10% over the budget."""
     if step < cfg.warmup:
@@ -155,7 +214,7 @@ def split_holdout(data: list[Sequence], every: int) -> tuple[list[Sequence], lis
 
 def prepare_all(
     target: Transformer,
-    net: DFlashNet | DSparkNet,
+    net: DFlashNet | DSparkNet | Eagle3Net,
     data: list[Sequence],
     target_name: str,
     cache: Path,
@@ -165,7 +224,10 @@ def prepare_all(
     from the features cache, on the target's device once: a GPU step then copies nothing
     from the host (and indexes DSpark's last-layer states with device-side positions)."""
     dspark = isinstance(net, DSparkNet)
-    taps = tuple((net.backbone if dspark else net).args.target_layer_ids)
+    if isinstance(net, Eagle3Net):
+        taps = net.args.taps
+    else:
+        taps = tuple((net.backbone if dspark else net).args.target_layer_ids)
     last = target.args.num_layers - 1 if dspark else None
     hidden = target_features(target, target_name, data, read_layers(taps, last), cache, report)
     return [
@@ -192,12 +254,16 @@ def train(
     """
     if not cfg.minutes and not cfg.steps:
         raise ValueError("give a budget: minutes or steps")
-    config = drafter_config(target_config, target.args.num_layers, cfg)
-    net = new_drafter(target, config, cfg.kind, cfg.seed, cfg.init_from_target)
+    train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
+    train_seqs = train_seqs[: cfg.train_sequences]
+    vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
+    kind = kind_of(cfg.kind)
+    config = kind.config(target_config, target.args.num_layers, cfg, vocab)
+    net = kind.new(target, config, cfg, vocab)
     state_path = out / STATE_FILE
     if cfg.init_from and not (resume and state_path.is_file()):
         warm_start(net, target, Path(cfg.init_from))
-    params = trainable(net)
+    params = kind.trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -211,20 +277,18 @@ def train(
         gen.set_state(state["gen"])
         curve = state.get("curve", [])
     out.mkdir(parents=True, exist_ok=True)
+    used = [s for s in data if id(s) in {id(t) for t in (*train_seqs, *held_seqs)}]
     prepared_all = prepare_all(
-        target, net, data, target_name, features_cache or out / "features", report
+        target, net, used, target_name, features_cache or out / "features", report
     )
-    train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
-    train_seqs = train_seqs[: cfg.train_sequences]
     train_ids, held_ids = {id(s) for s in train_seqs}, {id(s) for s in held_seqs}
     prepared = [p for p in prepared_all if id(p.seq) in train_ids]
     held = [p for p in prepared_all if id(p.seq) in held_ids]
-    vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
 
     def evaluate(loss: float) -> None:
         if not held:
             return
-        result = offline_acceptance(target, net, held, vocab)
+        result = kind.evaluate(target, net, held, vocab)
         minutes = (time.perf_counter() - start) / 60
         curve.append([round(minutes, 2), step, round(result.tau, 4), round(loss, 4)])
         if report:
@@ -249,7 +313,7 @@ def train(
         opt.zero_grad()
         total, used = 0.0, 0
         for seq in rng.sample(prepared, min(cfg.sequences_per_step, len(prepared))):
-            result = sequence_loss(
+            result = kind.loss(
                 target, net, seq, anchors_per_sequence=cfg.anchors_per_sequence,
                 gamma=cfg.gamma, generator=gen, vocab=vocab,
             )  # fmt: skip
@@ -268,7 +332,7 @@ def train(
         if step % cfg.checkpoint_every == 0:
             save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
             # and the drafter itself: a run stopped at an outer limit still leaves one
-            _write_drafter(out, net, config, vocab, {"steps": step, "finished": False})
+            kind.write(out, net, config, vocab, {"steps": step, "finished": False})
     final_loss = sum(history[-20:]) / max(len(history[-20:]), 1)
     evaluate(final_loss)
     seconds = time.perf_counter() - start
@@ -285,7 +349,7 @@ def train(
         "offline_tau": curve[-1][2] if curve else None,
         "curve": [dict(zip(("minutes", "step", "tau", "loss"), row, strict=True)) for row in curve],
     }
-    _write_drafter(out, net, config, vocab, {k: v for k, v in summary.items() if k != "curve"})
+    kind.write(out, net, config, vocab, {k: v for k, v in summary.items() if k != "curve"})
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

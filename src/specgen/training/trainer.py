@@ -58,7 +58,8 @@ def layer_outputs(
 ) -> dict[int, torch.Tensor]:
     """One teacher-forced target forward: {layer: [N, H] bf16 output} on the CPU."""
     n = len(seq.ids)
-    run = target(torch.tensor([seq.ids], device=target.device), target.new_cache(n), taps=layers)
+    ids = torch.tensor([seq.ids], device=target.device)
+    run = target(ids, target.new_cache(n), taps=layers, num_logits=1)  # no head over all of it
     return {layer: run.taps[layer][0].to(torch.bfloat16).cpu().contiguous() for layer in layers}
 
 

@@ -19,6 +19,35 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _rowwise_interpreter_dot() -> None:
+    """The interpreter's tl.dot is numpy's matmul, whose BLAS (OpenBLAS 0.3.31 in numpy 2.4)
+    sums a row differently depending on where it sits in the tile; a GPU's fp32 dot sums
+    every output in one order. Emulate that, one row at a time, so the kernels' batch-
+    invariance tests check the kernels and not the emulator's BLAS."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "rowwise", False):
+        return
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        out = original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        if a.data.ndim == 2 and a.data.dtype == np.float32 and b.data.dtype == np.float32:
+            rows = [np.matmul(a.data[i : i + 1], b.data) for i in range(a.data.shape[0])]
+            out.data = np.concatenate(rows) + d.data
+        return out
+
+    create_dot.rowwise = True
+    builder.create_dot = create_dot
+
+
+_rowwise_interpreter_dot()
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 TINY_VOCAB = 320
 CHATML = (

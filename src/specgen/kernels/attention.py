@@ -4,7 +4,7 @@ On the GPU this is torch's fused SDPA, with cuDNN's backend left out: it builds 
 execution plan for each new key length, so decoding (the cache grows every step) paid
 host time per layer per step for it (benchmarks/profile_eager_steps.py; docs/results.md);
 the flash and memory-efficient kernels have no such setup. On the CPU, bf16/fp16 inputs
-are attended in fp32: CPUs without half-precision units run torch's half-precision flash
+are attended in fp32 (fp64 ones, the tests' oracles, stay fp64): CPUs without half-precision units run torch's half-precision flash
 kernel several times slower than the fp32 one, and the upcast copies are small next to
 that.
 """
@@ -28,7 +28,7 @@ def attention(
     causal: bool,
     scale: float | None = None,  # of the scores; None: 1/sqrt(d) (Gemma 4: 1, q/k are normed)
 ) -> torch.Tensor:  # [B, n_q, T, d]
-    if q.device.type == "cpu" and q.dtype != torch.float32:
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         out = F.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True,
             scale=scale,

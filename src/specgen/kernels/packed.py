@@ -28,6 +28,9 @@ import torch.nn.functional as F
 from specgen.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
+# one library: the packed products and the fused decoder pass that calls them (decoder.c)
+SOURCES = (SOURCE, SOURCE.with_name("decoder.c"))
+HEADERS = (SOURCE.with_name("packed.h"),)
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
 MIN_PARALLEL_WORK = 1 << 18
@@ -48,7 +51,8 @@ def _compiler() -> str | None:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256((SOURCE.read_text() + version + " ".join(FLAGS)).encode()).hexdigest()
+    text = "".join(p.read_text() for p in (*SOURCES, *HEADERS))
+    key = hashlib.sha256((text + version + " ".join(FLAGS)).encode()).hexdigest()
     out = specgen_home() / "kernels" / f"packed-{key[:16]}.so"
     if out.is_file():
         return out
@@ -57,7 +61,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True
+            [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
         )
         if done.returncode:
             raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
@@ -69,19 +73,27 @@ def _build(cc: str) -> Path:
 
 
 @functools.cache
-def cpu_library():
-    """The compiled CPU kernel, or None (no compiler, or it failed: noticed once)."""
+def compiled() -> ctypes.CDLL | None:
+    """The compiled CPU library, or None (no compiler, or it failed: noticed once)."""
     if os.environ.get("SPECGEN_PACKED_CPU", "").lower() == "torch":
         return None
     cc = _compiler()
     try:
         if cc is None:
             raise OSError("no C compiler (set CC)")
-        lib = ctypes.CDLL(str(_build(cc)))
+        return ctypes.CDLL(str(_build(cc)))
     except OSError as e:
         print(
             f"specgen: packed weights run slowly: cannot build {SOURCE.name} ({e})", file=sys.stderr
         )
+        return None
+
+
+@functools.cache
+def cpu_library():
+    """The compiled packed product, or None."""
+    lib = compiled()
+    if lib is None:
         return None
     f = lib.packed_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64

@@ -22,6 +22,7 @@ from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.blocks import norm_weight
 from specgen.models.families import model_args  # noqa: F401  (registers the families)
 from specgen.models.family import family_of
+from specgen.models.fused_cpu import FusedPass, cache_fits
 from specgen.models.hybrid_cache import HybridCache
 from specgen.models.kv_cache import ContextLimitError, StaticKVCache
 from specgen.models.plans import Plan, Row
@@ -76,6 +77,17 @@ class Transformer(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.device
+
+    def _apply(self, fn, recurse=True):  # moved or cast: the fused pass's pointers are stale
+        self.__dict__.pop("_fused", None)
+        return super()._apply(fn, recurse)
+
+    def _fused_pass(self, cache, batch: int, pad) -> FusedPass | None:
+        """The fused CPU pass when it can run this step (models/fused_cpu.py), else None."""
+        if self.embed.device.type != "cpu":
+            return None
+        fused = FusedPass.of(self)
+        return fused if fused is not None and cache_fits(self, cache, batch, pad) else None
 
     def new_cache(self, capacity: int, batch: int = 1, steps: int = 1) -> StaticKVCache:
         """Allocate a KV cache for `capacity` positions (the context limit). A hybrid
@@ -158,11 +170,17 @@ class Transformer(nn.Module):
                 right by its padding scores the same as the row alone.
         """
         start, t = cache.length, tokens.shape[1]
-        tables = [(cos[start : start + t], sin[start : start + t]) for cos, sin in self._tables]
         if start + t > cache.capacity:
             raise ContextLimitError(
                 f"context limit reached: {start + t} tokens do not fit in {cache.capacity}"
             )
+        fused = self._fused_pass(cache, tokens.shape[0], pad)
+        if fused is not None:
+            cache.reserve(t)
+            logits, tapped = fused.run(self, tokens, cache, start, taps, num_logits or t)
+            cache.commit(start + t)
+            return ForwardOutput(logits=logits, taps=tapped)
+        tables = [(cos[start : start + t], sin[start : start + t]) for cos, sin in self._tables]
         masks = {w: attention_mask(start, t, w, pad, tokens.device) for w in set(self.windows)}
         if isinstance(cache, HybridCache):
             cache.begin(t, prefill=num_logits is not None, pad=pad)
@@ -204,6 +222,11 @@ class Transformer(nn.Module):
         """`forward_static` without its host-side bookkeeping (`cache.stepped`): what
         models/graphs.py captures once per T and replays at every length. Running it
         again at the same position gives the same result (warm-up, capture)."""
+        fused = self._fused_pass(cache, tokens.shape[0], None)
+        if fused is not None:  # the CPU: reading the position costs nothing here
+            t, at = tokens.shape[1], int(start.item())
+            logits, tapped = fused.run(self, tokens, cache, at, taps, t)
+            return ForwardOutput(logits=logits, taps=tapped)
         positions, length, cos, sin = device_positions(start, tokens.shape[1], *self._tables[0])
         tables = [(cos, sin)] + [
             (c.index_select(0, positions), s.index_select(0, positions))

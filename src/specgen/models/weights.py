@@ -19,6 +19,20 @@ from torch import nn
 from specgen.kernels.linear import linear
 
 
+_generation = [0]
+
+
+def generation() -> int:
+    """A count that moves whenever a weight's storage is replaced (a format converted, a
+    packed weight loaded): whatever holds pointers into weights (models/fused_cpu.py)
+    checks it before trusting them."""
+    return _generation[0]
+
+
+def storage_changed() -> None:
+    _generation[0] += 1
+
+
 def new_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     """A bare parameter (norms, biases, small heads): filled by the loader."""
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
@@ -110,6 +124,7 @@ def register_format(name: str):
 def replace_weights(module: nn.Module, make) -> None:
     """Every dense weight `w` in `module` replaced by `make(w)`, in place. A weight held in
     two places (a tied head) stays one weight."""
+    storage_changed()
     made: dict[int, LinearWeight] = {}
     for parent in list(module.modules()):
         # _modules, not named_children(): that lists a module held twice (tied) only once

@@ -18,7 +18,7 @@ from torch import nn
 
 from specgen.kernels.packed import packed_linear
 from specgen.models.packed import PackedMatrix, quantize
-from specgen.models.weights import DenseWeight, LinearWeight, register_format
+from specgen.models.weights import DenseWeight, LinearWeight, register_format, storage_changed
 
 Segment = PackedMatrix | torch.Tensor  # a dense segment is a plain [rows, in] tensor
 
@@ -41,6 +41,7 @@ class PackedWeight(LinearWeight):
     def load(self, tensor: Segment, offset: int = 0) -> None:
         """Rows [offset, offset + len): a PackedMatrix as it is, or a dense tensor (which
         `quantize_dense` decides how to store: kept dense here)."""
+        storage_changed()
         seg = tensor if isinstance(tensor, PackedMatrix) else self.quantize_dense(tensor)
         seg = seg.to(self._device) if isinstance(seg, PackedMatrix) else seg
         module = seg if isinstance(seg, PackedMatrix) else _Dense(seg.to(self._device, self._dtype))

@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
+
+#include "packed.h"
 
 #define LANES 8
 #define COLS 4 /* output columns per tile */
@@ -254,7 +257,7 @@ static float column_out(const float *lanes, const float *mins, int64_t groups, c
 }
 
 /* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */
-static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) {
+void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) {
     int64_t groups = K / group;
     for (int64_t r = 0; r < M; r++)
         for (int64_t g = 0; g < groups; g++) {
@@ -266,6 +269,48 @@ static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, floa
         }
 }
 
+/* Columns [n0, n1) of y = x W^T for M rows, on the calling thread: what packed_linear
+ * shares out among its threads, and what the fused decoder step (decoder.c) calls inside
+ * its own parallel region. y[r * ldy + n]; xs: x's group sums (group_sums) when W has
+ * minimums. The same arithmetic per output whichever path runs (see the top). Returns -1
+ * when scratch memory could not be had. */
+int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                   const float *scale, const float *mins, int64_t group, const float *xs,
+                   int64_t n0, int64_t n1, float *y, int64_t ldy, int64_t direct_rows) {
+    int64_t groups = K / group;
+#ifdef SIMD
+    if (M <= direct_rows) {
+        float stack[16 * LANES];
+        float *acc = M <= 16 ? stack : malloc(sizeof(float) * M * LANES);
+        if (!acc) return -1;
+        for (int64_t n = n0; n < n1; n++) {
+            direct_column(x, M, K, w, bits, scale, group, n, acc);
+            for (int64_t r = 0; r < M; r++)
+                y[r * ldy + n] = column_out(acc + r * LANES, mins ? mins + n * groups : NULL,
+                                            groups, mins ? xs + r * groups : xs);
+        }
+        if (acc != stack) free(acc);
+        return 0;
+    }
+#endif
+    float *wb = malloc(sizeof(float) * COLS * KC);
+    float *acc = malloc(sizeof(float) * M * COLS * LANES);
+    int failed = !wb || !acc;
+    if (!failed)
+        for (int64_t c0 = n0; c0 < n1; c0 += COLS) {
+            int64_t cols = n1 - c0 < COLS ? n1 - c0 : COLS;
+            tile(x, M, K, w, bits, scale, group, c0, cols, acc, wb);
+            for (int64_t r = 0; r < M; r++)
+                for (int c = 0; c < cols; c++)
+                    y[r * ldy + c0 + c] =
+                        column_out(acc + (r * COLS + c) * LANES,
+                                   mins ? mins + (c0 + c) * groups : NULL, groups, mins ? xs + r * groups : xs);
+        }
+    free(wb);
+    free(acc);
+    return failed ? -1 : 0;
+}
+
 /* y[M, N] = x[M, K] W^T. bits 4 (w: uint8 [N, K/2]) or 8 (w: int8 [N, K]); scale and mins:
  * float [N, K/group], mins NULL for symmetric formats; group: 16 (8 bits only) or a multiple
  * of 32; K a multiple of 32 and of group; xs: scratch of M * K/group floats; direct_rows:
@@ -274,52 +319,19 @@ static void group_sums(const float *x, int64_t M, int64_t K, int64_t group, floa
 int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
                   const float *scale, const float *mins, int64_t N, int64_t group, float *y,
                   float *xs, int nthreads, int64_t direct_rows) {
-    int64_t groups = K / group, tiles = (N + COLS - 1) / COLS;
     int failed = 0;
     if (mins) group_sums(x, M, K, group, xs);
-#ifdef SIMD
-    if (M <= direct_rows) {
-#pragma omp parallel num_threads(nthreads)
-        {
-            float *acc = malloc(sizeof(float) * M * LANES);
-            if (!acc) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
-#pragma omp for schedule(static)
-                for (int64_t n = 0; n < N; n++) {
-                    direct_column(x, M, K, w, bits, scale, group, n, acc);
-                    for (int64_t r = 0; r < M; r++)
-                        y[r * N + n] = column_out(acc + r * LANES, mins ? mins + n * groups : NULL,
-                                                  groups, mins ? xs + r * groups : xs);
-                }
-            }
-            free(acc);
-        }
-        return failed ? -1 : 0;
-    }
-#endif
+    /* whole tiles of COLS columns per thread, in order: the split never changes a result */
+    int64_t tiles = (N + COLS - 1) / COLS;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *wb = malloc(sizeof(float) * COLS * KC);
-        float *acc = malloc(sizeof(float) * M * COLS * LANES);
-        if (!wb || !acc) {
+        int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t per = (tiles + nt - 1) / nt, t0 = id * per, t1 = t0 + per < tiles ? t0 + per : tiles;
+        if (t0 < t1 && packed_columns(x, M, K, w, bits, scale, mins, group, xs, t0 * COLS,
+                                      t1 * COLS < N ? t1 * COLS : N, y, N, direct_rows)) {
 #pragma omp atomic write
             failed = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++) {
-                int64_t n0 = t * COLS, cols = N - n0 < COLS ? N - n0 : COLS;
-                tile(x, M, K, w, bits, scale, group, n0, cols, acc, wb);
-                for (int64_t r = 0; r < M; r++)
-                    for (int c = 0; c < cols; c++)
-                        y[r * N + n0 + c] =
-                            column_out(acc + (r * COLS + c) * LANES,
-                                       mins ? mins + (n0 + c) * groups : NULL, groups, mins ? xs + r * groups : xs);
-            }
         }
-        free(wb);
-        free(acc);
     }
     return failed ? -1 : 0;
 }

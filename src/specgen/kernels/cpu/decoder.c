@@ -1,0 +1,290 @@
+/* One forward pass of a Llama-shaped decoder with packed weights, whole, in one call: a
+ * decode step (1 token), a verify block (a few) or a prefill (many).
+ *
+ * Why: in eager torch a layer is some twenty small ops, each a few microseconds of
+ * dispatch, and every packed product is a ctypes call that wakes the OpenMP threads; on a
+ * 135M model that overhead was a third of the step. Here the threads are woken once per
+ * pass and meet at a spinning barrier between the phases of each layer.
+ *
+ * What it computes is models/decoder_layer.py's layer (RMSNorm, fused q/k/v with optional
+ * bias and per-head q/k RMSNorm, HF "rotate half" RoPE from the model's tables, grouped-
+ * query causal attention over the static KV cache, fused gate/up SwiGLU), then the final
+ * norm and the LM head, in fp32. Products are packed.c's, so they are batch-invariant;
+ * everything else here is computed per row in a fixed order that does not depend on how
+ * many rows the pass has, or on the thread count. A verify block's rows therefore equal
+ * decode steps bit for bit, which is what keeps every method greedy-identical to AR.
+ */
+#include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "packed.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SIMD 1
+#endif
+
+typedef struct {          /* rows [row0, row0 + rows) of a weight */
+    int64_t row0, rows;
+    int32_t bits, group;  /* bits 0: dense fp32, q is float [rows, K] */
+    const void *q;
+    const float *scale, *mins; /* mins NULL for symmetric formats */
+} Seg;
+
+typedef struct {
+    const Seg *segs;
+    int64_t nsegs;
+    const float *bias; /* [N] or NULL */
+    int64_t N, K;
+} Lin;
+
+typedef struct {
+    Lin qkv, o, gate_up, down;
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* q/k norms NULL when absent */
+} Layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, inter, vocab, capacity, direct_rows;
+    double eps, attn_scale;
+    const Layer *layer;
+    const float *norm; /* the final norm */
+    Lin head;
+    const float *cos, *sin; /* RoPE tables [capacity, head_dim] */
+    float *k, *v;           /* the cache: [layers, kv_heads, capacity, head_dim] each */
+} Model;
+
+/* ---- a barrier that spins briefly, then yields ----------------------------------------
+ * Phases last tens of microseconds; sleeping in the kernel between them (libgomp's barrier
+ * after its short spin) costs more than a phase. Beyond SPINS the waiter yields its core,
+ * so a busy machine is not starved. */
+#define SPINS 4000
+typedef struct {
+    atomic_int count, sense;
+    int n;
+} Barrier;
+
+static void barrier_wait(Barrier *b, int *mine) {
+    int s = !*mine;
+    *mine = s;
+    if (atomic_fetch_add(&b->count, 1) == b->n - 1) {
+        atomic_store(&b->count, 0);
+        atomic_store(&b->sense, s);
+        return;
+    }
+    for (long i = 0; atomic_load_explicit(&b->sense, memory_order_acquire) != s; i++) {
+#ifdef SIMD
+        if (i < SPINS) {
+            _mm_pause();
+            continue;
+        }
+#endif
+        sched_yield();
+    }
+}
+
+/* [a, b): this thread's share of n items, in units of `unit` (contiguous, in order) */
+static void share(int64_t n, int64_t unit, int id, int nt, int64_t *a, int64_t *b) {
+    int64_t units = (n + unit - 1) / unit, per = units / nt, extra = units % nt;
+    int64_t u0 = id * per + (id < extra ? id : extra), u1 = u0 + per + (id < extra);
+    *a = u0 * unit < n ? u0 * unit : n;
+    *b = u1 * unit < n ? u1 * unit : n;
+}
+
+/* ---- per-row pieces, each in one fixed order --------------------------------------- */
+static float dot(const float *a, const float *b, int64_t n) {
+#ifdef SIMD
+    if (n % 8 == 0) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
+        for (int64_t i = 8; i < n; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        float l[8];
+        _mm256_storeu_ps(l, acc);
+        return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    }
+#endif
+    float l[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* out = w * x / sqrt(mean(x^2) + eps) */
+static void rms_norm(const float *x, const float *w, int64_t n, double eps, float *out) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* HF "rotate half": (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in place */
+static void rope(float *x, const float *cos, const float *sin, int64_t d) {
+    int64_t h = d / 2;
+    for (int64_t i = 0; i < h; i++) {
+        float a = x[i], b = x[i + h];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+static float silu(float g) { return g / (1.0f + expf(-g)); }
+
+/* ---- products ------------------------------------------------------------------------ */
+/* columns [a, b) of y[M, ldy] = x[M, K] W^T (+ bias) */
+static int lin_columns(const Lin *w, const float *x, int64_t M, int64_t a, int64_t b,
+                       float *y, int64_t ldy, int64_t direct_rows, float *xs) {
+    for (int64_t s = 0; s < w->nsegs; s++) {
+        const Seg *g = &w->segs[s];
+        int64_t lo = a > g->row0 ? a : g->row0, hi = b < g->row0 + g->rows ? b : g->row0 + g->rows;
+        if (lo >= hi) continue;
+        if (g->bits == 0) {
+            const float *d = (const float *)g->q;
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t n = lo; n < hi; n++)
+                    y[r * ldy + n] = dot(x + r * w->K, d + (n - g->row0) * w->K, w->K);
+            continue;
+        }
+        if (g->mins) group_sums(x, M, w->K, g->group, xs);
+        if (packed_columns(x, M, w->K, g->q, g->bits, g->scale, g->mins, g->group, xs,
+                           lo - g->row0, hi - g->row0, y + g->row0, ldy, direct_rows))
+            return -1;
+    }
+    if (w->bias)
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t n = a; n < b; n++) y[r * ldy + n] += w->bias[n];
+    return 0;
+}
+
+/* one query over n keys: softmax(q k^T * scale) v, in key order */
+static void attend(const float *q, const float *ks, const float *vs, int64_t n, int64_t d,
+                   float scale, float *scores, float *out) {
+    float top = -INFINITY, total = 0.0f, o[512];
+    for (int64_t j = 0; j < n; j++) {
+        scores[j] = dot(q, ks + j * d, d) * scale;
+        top = scores[j] > top ? scores[j] : top;
+    }
+    for (int64_t j = 0; j < n; j++) total += scores[j] = expf(scores[j] - top);
+    for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const float *vj = vs + j * d;
+        float s = scores[j];
+        for (int64_t c = 0; c < d; c++) o[c] = fmaf(s, vj[c], o[c]);
+    }
+    for (int64_t c = 0; c < d; c++) out[c] = o[c] / total;
+}
+
+/* ---- the pass ------------------------------------------------------------------------ */
+/* x_in [T, H]: the embedded tokens, at positions [start, start + T) (their K/V are written
+ * there; the caller checks the capacity and commits). taps: ntaps layer ids, whose outputs
+ * go to tap_out [ntaps, T, H]. logits [num_logits, V]: of the last num_logits rows.
+ * Returns 0, or -1 when memory could not be had. */
+int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
+                    const int64_t *taps, int64_t ntaps, float *tap_out, int64_t num_logits,
+                    float *logits, int nthreads) {
+    const int64_t H = m->hidden, nq = m->heads, nkv = m->kv_heads, d = m->head_dim;
+    const int64_t I = m->inter, cap = m->capacity, P = start + T, rep = nq / nkv;
+    const int64_t nqkv = (nq + 2 * nkv) * d, widest = I > H ? I : H;
+    const int64_t natt = nq * d > H ? nq * d : H;
+    if (nthreads < 1) nthreads = 1;
+    /* shared: the residual stream, q/k/v, attention outputs, MLP channels; then each
+     * thread's own: normed rows, x's group sums (groups of 16 at the smallest), scores */
+    const int64_t own = T * widest + T * (widest / 16 + 1) + P;
+    float *x = malloc(sizeof(float) * T * H), *qkv = malloc(sizeof(float) * T * nqkv);
+    float *att = malloc(sizeof(float) * T * natt), *act = malloc(sizeof(float) * T * 2 * I);
+    float *mine = malloc(sizeof(float) * own * nthreads);
+    int failed = !x || !qkv || !att || !act || !mine;
+    if (!failed) {
+        memcpy(x, x_in, sizeof(float) * T * H);
+        Barrier bar = {0, 0, 1};
+#pragma omp parallel num_threads(nthreads)
+        {
+            int id = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0, bad = 0;
+#pragma omp single
+            bar.n = nt;
+            float *h = mine + id * own, *xs = h + T * widest, *scores = xs + T * (widest / 16 + 1);
+            for (int64_t l = 0; l < m->layers; l++) {
+                const Layer *L = &m->layer[l];
+                float *kc = m->k + l * nkv * cap * d, *vc = m->v + l * nkv * cap * d;
+                int64_t a, b;
+                /* q/k/v */
+                for (int64_t t = 0; t < T; t++)
+                    rms_norm(x + t * H, L->attn_norm, H, m->eps, h + t * H);
+                share(nqkv, 4, id, nt, &a, &b);
+                bad |= lin_columns(&L->qkv, h, T, a, b, qkv, nqkv, m->direct_rows, xs);
+                barrier_wait(&bar, &sense);
+                /* per head: q/k norms, RoPE; keys and values into the cache */
+                share(T * (nq + nkv), 1, id, nt, &a, &b);
+                for (int64_t i = a; i < b; i++) {
+                    int64_t t = i / (nq + nkv), j = i % (nq + nkv), p = start + t;
+                    float *hd = qkv + t * nqkv + j * d;
+                    const float *w = j < nq ? L->q_norm : L->k_norm;
+                    if (w) rms_norm(hd, w, d, m->eps, hd);
+                    rope(hd, m->cos + p * d, m->sin + p * d, d);
+                    if (j >= nq) {
+                        int64_t g = j - nq;
+                        memcpy(kc + (g * cap + p) * d, hd, sizeof(float) * d);
+                        memcpy(vc + (g * cap + p) * d, qkv + t * nqkv + (nq + nkv + g) * d,
+                               sizeof(float) * d);
+                    }
+                }
+                barrier_wait(&bar, &sense);
+                /* attention: each (row, query head) over the keys up to its own position */
+                share(T * nq, 1, id, nt, &a, &b);
+                for (int64_t i = a; i < b; i++) {
+                    int64_t t = i / nq, hq = i % nq, p = start + t;
+                    attend(qkv + t * nqkv + hq * d, kc + (hq / rep) * cap * d,
+                           vc + (hq / rep) * cap * d, p + 1, d, (float)m->attn_scale, scores,
+                           att + t * natt + hq * d);
+                }
+                barrier_wait(&bar, &sense);
+                /* output projection and the residual: this thread's columns of x */
+                share(H, 4, id, nt, &a, &b);
+                bad |= lin_columns(&L->o, att, T, a, b, act, H, m->direct_rows, xs);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t n = a; n < b; n++) x[t * H + n] += act[t * H + n];
+                barrier_wait(&bar, &sense);
+                /* the MLP: gate and up columns of the same channels in one share */
+                for (int64_t t = 0; t < T; t++)
+                    rms_norm(x + t * H, L->ffn_norm, H, m->eps, h + t * H);
+                share(I, 4, id, nt, &a, &b);
+                bad |= lin_columns(&L->gate_up, h, T, a, b, act, 2 * I, m->direct_rows, xs);
+                bad |= lin_columns(&L->gate_up, h, T, I + a, I + b, act, 2 * I, m->direct_rows, xs);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t n = a; n < b; n++)
+                        act[t * 2 * I + n] = silu(act[t * 2 * I + n]) * act[t * 2 * I + I + n];
+                barrier_wait(&bar, &sense);
+                /* down, and the residual */
+                share(H, 4, id, nt, &a, &b);
+                for (int64_t t = 0; t < T; t++) memcpy(h + t * I, act + t * 2 * I, sizeof(float) * I);
+                bad |= lin_columns(&L->down, h, T, a, b, att, H, m->direct_rows, xs);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t n = a; n < b; n++) x[t * H + n] += att[t * H + n];
+                for (int64_t k = 0; k < ntaps; k++)
+                    if (taps[k] == l)
+                        for (int64_t t = 0; t < T; t++)
+                            memcpy(tap_out + (k * T + t) * H + a, x + t * H + a,
+                                   sizeof(float) * (b - a));
+                barrier_wait(&bar, &sense);
+            }
+            /* the final norm and the head, for the last num_logits rows */
+            int64_t a, b, first = T - num_logits;
+            for (int64_t t = 0; t < num_logits; t++)
+                rms_norm(x + (first + t) * H, m->norm, H, m->eps, h + t * H);
+            share(m->vocab, 4, id, nt, &a, &b);
+            bad |= lin_columns(&m->head, h, num_logits, a, b, logits, m->vocab, m->direct_rows, xs);
+            if (bad) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+    }
+    free(x), free(qkv), free(att), free(act), free(mine);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,81 @@
+"""The fused CPU decoder pass (`kernels/cpu/decoder.c`): its C structures and its call.
+
+A model is described once as C structures pointing into its tensors (models/fused_cpu.py
+builds them); a pass then costs one ctypes call instead of hundreds of torch ops and
+packed products. The structures here mirror decoder.c's field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from specgen.kernels.packed import compiled
+
+i32, i64, f64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+
+
+class Seg(ctypes.Structure):
+    """Rows [row0, row0 + rows) of a weight: packed (bits 4 or 8) or dense fp32 (bits 0)."""
+
+    _fields_ = [
+        ("row0", i64),
+        ("rows", i64),
+        ("bits", i32),
+        ("group", i32),
+        ("q", ptr),
+        ("scale", ptr),
+        ("mins", ptr),
+    ]
+
+
+class Lin(ctypes.Structure):
+    _fields_ = [("segs", ctypes.POINTER(Seg)), ("nsegs", i64), ("bias", ptr), ("N", i64), ("K", i64)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [
+        ("qkv", Lin),
+        ("o", Lin),
+        ("gate_up", Lin),
+        ("down", Lin),
+        ("attn_norm", ptr),
+        ("ffn_norm", ptr),
+        ("q_norm", ptr),
+        ("k_norm", ptr),
+    ]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [
+        ("layers", i64),
+        ("hidden", i64),
+        ("heads", i64),
+        ("kv_heads", i64),
+        ("head_dim", i64),
+        ("inter", i64),
+        ("vocab", i64),
+        ("capacity", i64),
+        ("direct_rows", i64),
+        ("eps", f64),
+        ("attn_scale", f64),
+        ("layer", ctypes.POINTER(Layer)),
+        ("norm", ptr),
+        ("head", Lin),
+        ("cos", ptr),
+        ("sin", ptr),
+        ("k", ptr),
+        ("v", ptr),
+    ]
+
+
+@functools.cache
+def decoder_forward():
+    """decoder.c's `decoder_forward`, or None when the library could not be built."""
+    lib = compiled()
+    if lib is None:
+        return None
+    f = lib.decoder_forward
+    f.argtypes = [ctypes.POINTER(Model), ptr, i64, i64, ptr, i64, ptr, i64, ptr, ctypes.c_int]
+    f.restype = ctypes.c_int
+    return f

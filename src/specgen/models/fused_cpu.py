@@ -1,0 +1,196 @@
+"""A Llama-shaped target with packed weights, run on the CPU as one fused C pass.
+
+`FusedPass.of(model)` describes the model once to `kernels/cpu/decoder.c` (every layer's
+weights, norms and biases as pointers into the model's own tensors; nothing is copied) and
+then runs decode steps, verify blocks and prefills as one call each: the same layer as
+models/decoder_layer.py, with packed.c's batch-invariant products. A model it cannot run
+(another family, dense or bf16 weights, a GPU, a hybrid or shared cache, padded batches)
+goes through the eager layers as before; `SPECGEN_CPU_PASS=eager` forces that path (the
+oracle in tests, the baseline in benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import torch
+
+from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
+from specgen.kernels.packed import DIRECT_ROWS
+from specgen.models import weights as weights_module
+from specgen.models.decoder_layer import DecoderLayer
+from specgen.models.kv_cache import StaticKVCache
+from specgen.models.packed import PackedMatrix
+from specgen.models.weights_packed import PackedWeight
+
+MAX_HEAD_DIM = 512  # decoder.c's per-query accumulator
+
+
+def wanted() -> bool:
+    return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
+
+
+class FusedPass:
+    """The C description of one model; `run` does one forward pass through it."""
+
+    def __init__(self, model) -> None:
+        a = model.args
+        self.keep: list = []  # every ctypes array and tensor the description points into
+        layers = (Layer * a.num_layers)()
+        for i, layer in enumerate(model.layers):
+            layers[i] = Layer(
+                qkv=self._lin(layer.wqkv, layer.bqkv),
+                o=self._lin(layer.wo, layer.bo),
+                gate_up=self._lin(layer.w_gate_up, layer.b_gate_up),
+                down=self._lin(layer.w_down, layer.b_down),
+                attn_norm=self._ptr(layer.attn_norm),
+                ffn_norm=self._ptr(layer.ffn_norm),
+                q_norm=self._ptr(layer.q_norm),
+                k_norm=self._ptr(layer.k_norm),
+            )
+        self.keep.append(layers)
+        self.model = Model(
+            layers=a.num_layers,
+            hidden=a.hidden_size,
+            heads=a.num_heads,
+            kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim,
+            inter=a.intermediate_size,
+            vocab=a.vocab_size,
+            direct_rows=DIRECT_ROWS,
+            eps=a.rms_norm_eps,
+            attn_scale=1.0 / math.sqrt(a.head_dim),
+            layer=layers,
+            norm=self._ptr(model.norm),
+            head=self._lin(model.lm_head, None),
+        )
+        self.layer_count = a.num_layers
+        self.generation = weights_module.generation()
+
+    # describing ------------------------------------------------------------------------
+    def _ptr(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def _lin(self, w: PackedWeight, bias: torch.Tensor | None) -> Lin:
+        segs = (Seg * len(w.segments))()
+        for j, (start, seg) in enumerate(zip(w.starts, w.segments, strict=True)):
+            if isinstance(seg, PackedMatrix):
+                segs[j] = Seg(
+                    row0=start,
+                    rows=seg.shape[0],
+                    bits=seg.bits,
+                    group=seg.group,
+                    q=self._ptr(seg.q),
+                    scale=self._ptr(seg.scale),
+                    mins=self._ptr(seg.mins),
+                )
+            else:  # a dense fp32 segment
+                segs[j] = Seg(row0=start, rows=seg.shape[0], bits=0, group=0, q=self._ptr(seg.w))
+        self.keep.append(segs)
+        return Lin(segs=segs, nsegs=len(segs), bias=self._ptr(bias), N=w.shape[0], K=w.shape[1])
+
+    # running ---------------------------------------------------------------------------
+    def run(
+        self,
+        model,
+        tokens: torch.Tensor,  # [1, T]
+        cache: StaticKVCache,
+        start: int,
+        taps: tuple[int, ...],
+        num_logits: int,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:  # logits [1, n, V], taps [1, T, H]
+        t, h = tokens.shape[1], model.args.hidden_size
+        x = model.embed_tokens(tokens).contiguous()
+        cos, sin = model._tables[0]
+        m = self.model
+        m.capacity, m.cos, m.sin = cache.capacity, cos.data_ptr(), sin.data_ptr()
+        m.k, m.v = cache.k.data_ptr(), cache.v.data_ptr()
+        wanted_taps = tuple(dict.fromkeys(i for i in taps if 0 <= i < self.layer_count))
+        tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
+        tapped = torch.empty(len(wanted_taps), 1, t, h)
+        logits = torch.empty(1, num_logits, model.args.vocab_size)
+        failed = decoder_forward()(
+            ctypes.byref(m),
+            x.data_ptr(),
+            t,
+            start,
+            tap_ids,
+            len(wanted_taps),
+            tapped.data_ptr(),
+            num_logits,
+            logits.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("fused decoder pass: out of memory for its buffers")
+        return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
+
+    # when it applies -------------------------------------------------------------------
+    @staticmethod
+    def of(model) -> FusedPass | None:
+        """The model's pass (built on first use, rebuilt after its weights changed), or
+        None where the model cannot run fused."""
+        made = model.__dict__.get("_fused")
+        if made is not None and made.generation == weights_module.generation():
+            return made
+        made = FusedPass(model) if wanted() and runnable(model) else None
+        model.__dict__["_fused"] = made
+        return made
+
+
+def cache_fits(model, cache, batch: int, pad) -> bool:
+    """Whether a pass over this cache and batch can run fused."""
+    a = model.args
+    k = getattr(cache, "k", None)
+    return (
+        type(cache) is StaticKVCache
+        and batch == 1
+        and pad is None
+        and cache._slot_of is None
+        and isinstance(k, torch.Tensor)
+        and k.shape == (a.num_layers, 1, a.num_kv_heads, cache.capacity, a.head_dim)
+        and k.dtype == torch.float32
+        and k.is_contiguous()
+        and cache.v.is_contiguous()
+        and model._tables[0][0].shape[0] >= cache.capacity
+    )
+
+
+def runnable(model) -> bool:
+    """A Llama-shaped fp32 CPU target whose every matrix is packed (or fp32 rows)."""
+    a = model.args
+    if (
+        decoder_forward() is None
+        or model.dtype != torch.float32
+        or model.device.type != "cpu"
+        or len(model._tables) != 1
+        or any(w is not None for w in model.windows)
+        or model._embed_scale is not None
+        or a.logit_softcap is not None
+        or a.attn_output_gate
+        or a.rope_dim != a.head_dim
+        or a.head_dim % 2
+        or a.head_dim > MAX_HEAD_DIM
+        or a.num_heads % a.num_kv_heads
+        or not _packed(model.lm_head)
+    ):
+        return False
+    for layer in model.layers:
+        if type(layer) is not DecoderLayer or layer.in_features != a.hidden_size:
+            return False
+        if not all(_packed(w) for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)):
+            return False
+        if (layer.q_norm is None) != (layer.k_norm is None):
+            return False
+    return True
+
+
+def _packed(w) -> bool:
+    return isinstance(w, PackedWeight) and all(
+        isinstance(s, PackedMatrix) or s.w.dtype == torch.float32 for s in w.segments
+    )

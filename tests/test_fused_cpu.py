@@ -1,0 +1,144 @@
+"""The fused CPU pass (models/fused_cpu.py, kernels/cpu/decoder.c) on packed targets: the
+model it computes (against a float64 oracle, as accurately as the eager layers), rows that
+never depend on the rows or threads beside them, and the targets it must leave to the
+eager layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from packed_helpers import write_tiny_gguf
+from test_packed_methods import MIXES
+
+from specgen.kernels.packed import cpu_library
+from specgen.models.fused_cpu import FusedPass
+from specgen.models.loading import load_gguf_target
+from specgen.models.loading import load_target as load_dense
+from specgen.models.weights import convert_weights
+
+pytestmark = pytest.mark.skipif(cpu_library() is None, reason="no C compiler")
+
+
+def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
+    """Logits (and taps) of `tokens` fed in pieces of the given sizes, one cache."""
+    monkeypatch.setenv("SPECGEN_CPU_PASS", "fused" if fused else "eager")
+    model.__dict__.pop("_fused", None)
+    cache = model.new_cache(48, steps=4)
+    logits, tapped, at = [], {i: [] for i in taps}, 0
+    for n in splits:
+        out = model(tokens[:, at : at + n], cache, taps=taps)
+        logits.append(out.logits)
+        for i in taps:
+            tapped[i].append(out.taps[i])
+        at += n
+    return torch.cat(logits, 1), {i: torch.cat(t, 1) for i, t in tapped.items()}
+
+
+@pytest.fixture(scope="module")
+def wide_qwen2(tmp_path_factory):
+    from conftest import save_tiny
+
+    path = tmp_path_factory.mktemp("wide-qwen2")
+    save_tiny(path, "qwen2", seed=4, hidden_size=256, intermediate_size=512)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path, family, mix,
+                                                 monkeypatch):  # fmt: skip
+    hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")  # the file's model
+    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    splits, taps = (16, 1, 4, 3), (0, 1)
+    want, want_taps = run(exact, tokens, splits, taps, fused=False, monkeypatch=monkeypatch)
+    got, got_taps = run(packed, tokens, splits, taps, monkeypatch=monkeypatch)
+    assert isinstance(packed.__dict__.get("_fused"), FusedPass)
+    eager, _ = run(packed, tokens, splits, taps, fused=False, monkeypatch=monkeypatch)
+    # within fp32 of the exact model, logits and hidden states alike ...
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    for i in taps:
+        scale = want_taps[i].abs().max().item()
+        torch.testing.assert_close(got_taps[i].double(), want_taps[i], atol=1e-5 * scale, rtol=0)
+    # ... and at least as close to it as the eager layers on the same products
+    rms = lambda a: (a.double() - want).pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(got) <= 1.5 * rms(eager) + 1e-7
+
+
+@pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
+def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3_deep, tmp_path,
+                                                                      mix, monkeypatch):  # fmt: skip
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES[mix])
+    model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
+    taps = tuple(range(model.args.num_layers))
+    one_by_one, one_taps = run(model, tokens, (5,) + (1,) * 25, taps, monkeypatch=monkeypatch)
+    # verify blocks on both sides of the kernels' direct path (up to 16 rows), a prefill
+    for splits in ((5, 4, 17, 4), (5, 16, 9), (30,)):
+        got, got_taps = run(model, tokens, splits, taps, monkeypatch=monkeypatch)
+        assert torch.equal(got[:, 5:], one_by_one[:, 5:]), splits
+        for i in taps:
+            assert torch.equal(got_taps[i][:, 5:], one_taps[i][:, 5:]), (splits, i)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(run(model, tokens, (5, 4, 17, 4), monkeypatch=monkeypatch)[0], got)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_targets_it_cannot_run_go_through_the_eager_layers(tiny_dirs, tmp_path, monkeypatch):
+    hf = tiny_dirs["qwen3"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q4_1"])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    dense = load_dense(hf, dtype=torch.float32, device="cpu")
+    assert FusedPass.of(packed) is not None
+    assert FusedPass.of(dense) is None  # dense matrices: torch's own products
+    half = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.bfloat16, device="cpu")
+    assert FusedPass.of(half) is None
+    monkeypatch.setenv("SPECGEN_CPU_PASS", "eager")
+    packed.__dict__.pop("_fused")
+    assert FusedPass.of(packed) is None
+    monkeypatch.delenv("SPECGEN_CPU_PASS")
+    assert FusedPass.of(packed) is not None
+    # a batch of two, and padded rows: the eager layers, with the same answers per row
+    tokens = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(2))
+    batch = packed(tokens, packed.new_cache(16, batch=2)).logits
+    for r in range(2):
+        alone = packed(tokens[r : r + 1], packed.new_cache(16)).logits
+        torch.testing.assert_close(batch[r : r + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_the_pass_follows_weights_that_change(tiny_dirs, monkeypatch):
+    hf = tiny_dirs["llama"]
+    model = load_dense(hf, dtype=torch.float32, device="cpu")
+    tokens = torch.tensor([[3, 14, 15, 92]])
+    dense_logits = model(tokens, model.new_cache(8)).logits
+    convert_weights(model, "int8")  # dense -> packed: now it runs fused
+    first = FusedPass.of(model)
+    assert first is not None
+    int8 = model(tokens, model.new_cache(8)).logits
+    assert (int8 - dense_logits).abs().max() > 0
+    convert_weights(model, "int4")  # no effect: nothing dense is left, but the count moved
+    assert FusedPass.of(model) is not first
+    model.float()  # cast: pointers may move
+    assert model.__dict__.get("_fused") is None
+    torch.testing.assert_close(model(tokens, model.new_cache(8)).logits, int8)
+
+
+def test_the_context_limit_is_refused_before_anything_is_written(tiny_dirs, tmp_path):
+    from specgen.models.kv_cache import ContextLimitError
+
+    hf = tiny_dirs["qwen3"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q8_0"])
+    model = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    cache = model.new_cache(8)
+    model(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)
+    with pytest.raises(ContextLimitError, match="context limit"):
+        model(torch.tensor([[7, 8, 9]]), cache)
+    assert cache.length == 6
+    model(torch.tensor([[7, 8]]), cache)
+    assert cache.length == 8

@@ -23,6 +23,8 @@ class Seg(ctypes.Structure):
         ("rows", i64),
         ("bits", i32),
         ("group", i32),
+        ("half", i32),
+        ("unused", i32),
         ("q", ptr),
         ("scale", ptr),
         ("mins", ptr),

@@ -97,7 +97,7 @@ def cpu_library():
         return None
     f = lib.packed_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, i64, i64, p, p, ctypes.c_int, i64]
+    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, ctypes.c_int, i64, i64, p, p, ctypes.c_int, i64]
     f.restype = ctypes.c_int
     return f
 
@@ -132,6 +132,7 @@ def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> tor
         m.bits,
         m.scale.data_ptr(),
         mins,
+        m.scale.dtype == torch.float16,
         n,
         m.group,
         y.data_ptr(),

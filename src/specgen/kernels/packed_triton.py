@@ -71,9 +71,9 @@ if triton_available():
                 q = tl.load(q_ptr + cols[:, None] * K + ks[None, :], mask=wmask, other=0)
                 q = q.to(tl.float32)
             g = cols[:, None] * groups + ks[None, :] // GROUP
-            w = q * tl.load(s_ptr + g, mask=wmask, other=0.0)
-            if HAS_MINS:
-                w = w + tl.load(m_ptr + g, mask=wmask, other=0.0)
+            w = q * tl.load(s_ptr + g, mask=wmask, other=0.0).to(tl.float32)
+            if HAS_MINS:  # scales and minimums may be held as fp16 (exact values)
+                w = w + tl.load(m_ptr + g, mask=wmask, other=0.0).to(tl.float32)
             if IEEE:
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
             else:  # bf16/fp16 values are exact in tf32: the same products as a bf16 MMA

@@ -26,6 +26,9 @@ from specgen.models.packed import PackedMatrix
 from specgen.models.weights_packed import PackedWeight
 
 MAX_HEAD_DIM = 512  # decoder.c's per-query accumulator
+# below this many multiply-adds per phase (a layer has six, between barriers) one thread
+# runs the pass: a tiny model's phases are shorter than waking and meeting a second thread
+MIN_PARALLEL_WORK = 1 << 18
 
 
 def wanted() -> bool:
@@ -67,7 +70,11 @@ class FusedPass:
             head=self._lin(model.lm_head, None),
         )
         self.layer_count = a.num_layers
-        self.generation = weights_module.generation()
+        layer = model.layers[0]
+        self.layer_work = sum(
+            w.shape[0] * w.shape[1] for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        )
+        self.min_parallel_work = MIN_PARALLEL_WORK
 
     # describing ------------------------------------------------------------------------
     def _ptr(self, t: torch.Tensor | None) -> int | None:
@@ -85,6 +92,7 @@ class FusedPass:
                     rows=seg.shape[0],
                     bits=seg.bits,
                     group=seg.group,
+                    half=seg.scale.dtype == torch.float16,
                     q=self._ptr(seg.q),
                     scale=self._ptr(seg.scale),
                     mins=self._ptr(seg.mins),
@@ -124,22 +132,29 @@ class FusedPass:
             tapped.data_ptr(),
             num_logits,
             logits.data_ptr(),
-            torch.get_num_threads(),
+            self.threads(t),
         )
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
         return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
 
+    def threads(self, rows: int) -> int:
+        """torch's thread count (set by --threads), or one for a pass too small to share."""
+        small = rows * self.layer_work < 6 * self.min_parallel_work
+        return 1 if small else torch.get_num_threads()
+
     # when it applies -------------------------------------------------------------------
     @staticmethod
     def of(model) -> FusedPass | None:
         """The model's pass (built on first use, rebuilt after its weights changed), or
-        None where the model cannot run fused."""
-        made = model.__dict__.get("_fused")
-        if made is not None and made.generation == weights_module.generation():
-            return made
-        made = FusedPass(model) if wanted() and runnable(model) else None
-        model.__dict__["_fused"] = made
+        None where the model cannot run fused (that answer kept too: it is asked every
+        forward)."""
+        key = (weights_module.generation(), wanted())
+        known = model.__dict__.get("_fused")
+        if known is not None and known[0] == key:
+            return known[1]
+        made = FusedPass(model) if key[1] and runnable(model) else None
+        model.__dict__["_fused"] = (key, made)
         return made
 
 

@@ -7,7 +7,10 @@ Q5_K/Q6_K, and `--quantize int4|int8`):
   the low nibble of byte j, column j + 16 its high nibble), q in [0, 15];
 - 8 bits: `q` int8 [N, K], one value per column;
 
-with `scale` and `mins` fp32 [N, K/group] (`mins` None for symmetric formats). Every
+with `scale` and `mins` [N, K/group] (`mins` None for symmetric formats), held as fp16
+where every value is one exactly (GGUF's Q4_0/Q4_1/Q5_*/Q8_0 store them so; a K-quant's
+products of two scales are not): the matrix then takes its file's bytes, and decoding,
+which streams every weight once a token, reads 2 bytes a group less. Every
 `scale * q` is exact in fp32 (a GGUF scale has at most 11 + 8 significant bits and q at most
 6), so the matrix a file defines is `dequantize()`, rounded once per weight as the `gguf`
 package rounds it, and the kernels' products differ from it by fp32 summation only.
@@ -43,9 +46,10 @@ class PackedMatrix(nn.Module):
             raise ValueError(
                 f"packed {kind} matrix: bad shapes q {tuple(q.shape)}, scale {tuple(scale.shape)}"
             )
+        scale, mins = _compact(scale.float(), None if mins is None else mins.float())
         self.register_buffer("q", q.contiguous())
-        self.register_buffer("scale", scale.float().contiguous())
-        self.register_buffer("mins", None if mins is None else mins.float().contiguous())
+        self.register_buffer("scale", scale.contiguous())
+        self.register_buffer("mins", None if mins is None else mins.contiguous())
         self.shape = torch.Size((rows, cols))
 
     @property
@@ -69,10 +73,10 @@ class PackedMatrix(nn.Module):
         """The matrix (or `rows` of it: a slice or an index tensor) as the file defines it."""
         q = self.integers(rows).float()
         n, k = q.shape
-        scale = self.scale if rows is None else self.scale[rows]
+        scale = (self.scale if rows is None else self.scale[rows]).float()
         w = q.view(n, k // self.group, self.group) * scale[..., None]
         if self.mins is not None:
-            w = w + (self.mins if rows is None else self.mins[rows])[..., None]
+            w = w + (self.mins if rows is None else self.mins[rows]).float()[..., None]
         return w.view(n, k).to(dtype)
 
     def narrow_rows(self, start: int, stop: int) -> PackedMatrix:
@@ -106,10 +110,10 @@ class PackedMatrix(nn.Module):
     @staticmethod
     def stack(parts: list[PackedMatrix]) -> PackedMatrix:
         first = parts[0]
-        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+        mins = None if first.mins is None else torch.cat([p.mins.float() for p in parts])
         return PackedMatrix(
             torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
+            torch.cat([p.scale.float() for p in parts]),
             mins,
             bits=first.bits,
             group=first.group,
@@ -120,6 +124,16 @@ class PackedMatrix(nn.Module):
         from specgen.kernels.packed import packed_linear
 
         return packed_linear(x, self)
+
+
+def _compact(
+    scale: torch.Tensor, mins: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scales and minimums as fp16 when every one of them is exactly an fp16 value."""
+    exact = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
+    if exact(scale) and exact(mins):
+        return scale.half(), None if mins is None else mins.half()
+    return scale, mins
 
 
 def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -144,6 +158,7 @@ def quantize(w: torch.Tensor, bits: int, group: int) -> PackedMatrix:
         return PackedMatrix(q, scale, None, bits=8, group=group, kind=f"int8-g{group}")
     lo, hi = g.amin(-1), g.amax(-1)
     scale = _round_mantissa(torch.where(hi > lo, (hi - lo) / 15, torch.ones_like(lo)), 11)
+    lo = _round_mantissa(lo, 11)  # as Q4_1 keeps its minimum: fp16's precision
     q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
     blocks = q.view(n, k // 32, 2, 16)
     packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)

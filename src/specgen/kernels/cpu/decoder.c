@@ -32,8 +32,9 @@
 typedef struct {          /* rows [row0, row0 + rows) of a weight */
     int64_t row0, rows;
     int32_t bits, group;  /* bits 0: dense fp32, q is float [rows, K] */
+    int32_t half, unused; /* scales and minimums fp16 (else fp32) */
     const void *q;
-    const float *scale, *mins; /* mins NULL for symmetric formats */
+    const void *scale, *mins; /* mins NULL for symmetric formats */
 } Seg;
 
 typedef struct {
@@ -152,7 +153,7 @@ static int lin_columns(const Lin *w, const float *x, int64_t M, int64_t a, int64
             continue;
         }
         if (g->mins) group_sums(x, M, w->K, g->group, xs);
-        if (packed_columns(x, M, w->K, g->q, g->bits, g->scale, g->mins, g->group, xs,
+        if (packed_columns(x, M, w->K, g->q, g->bits, g->scale, g->mins, g->half, g->group, xs,
                            lo - g->row0, hi - g->row0, y + g->row0, ldy, direct_rows))
             return -1;
     }

@@ -111,7 +111,8 @@ ROW_BLOCKS(row_blocks4, 4)
 ROW_BLOCKS(row_blocks2, 2)
 #endif
 
-/* One tile of COLS output columns, all M rows. `wb`: scratch of COLS * KC floats. */
+/* One tile of COLS output columns, all M rows. `scale`: the tile's own rows of scales
+ * (cols * K/group); `wb`: scratch of COLS * KC floats. */
 static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
                  const float *scale, int64_t group, int64_t n0, int64_t cols, float *acc,
                  float *wb) {
@@ -131,7 +132,7 @@ static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
 #ifdef SIMD
             __m256 a[COLS];
             for (int c = 0; c < COLS; c++) a[c] = _mm256_loadu_ps(acc + (r * COLS + c) * LANES);
-            const float *sc = scale + n0 * groups;
+            const float *sc = scale;
             if (vecs == 4)
                 row_blocks4(xr, wb, len, sc, groups, k0, shift, cols, a);
             else
@@ -140,7 +141,7 @@ static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
 #else
             for (int64_t k = 0; k < len; k += sb)
                 for (int c = 0; c < COLS; c++) {
-                    float s = c < cols ? scale[(n0 + c) * groups + ((k0 + k) >> shift)] : 0.0f;
+                    float s = c < cols ? scale[c * groups + ((k0 + k) >> shift)] : 0.0f;
                     block_dot_scalar(xr + k, wb + c * KC + k, (int)vecs, s, acc + (r * COLS + c) * LANES);
                 }
 #endif
@@ -221,10 +222,9 @@ DIRECT(direct4_8, 4, 8)
 /* Few rows: the per-row arithmetic is tile()'s exactly (same blocks, same order), so which
  * path ran never shows in the result. acc: M * LANES floats. */
 static void direct_column(const float *x, int64_t M, int64_t K, const void *w, int bits,
-                          const float *scale, int64_t group, int64_t n, float *acc) {
-    int shift = 0;
+                          const float *sc, int64_t group, int64_t n, float *acc) {
+    int shift = 0; /* sc: column n's own scales */
     while (((int64_t)1 << shift) < group) shift++;
-    const float *sc = scale + n * (K / group);
     for (int64_t r0 = 0; r0 < M; r0 += 4) {
         const float *xr = x + r0 * K;
         float *ar = acc + r0 * LANES;
@@ -246,6 +246,43 @@ static void direct_column(const float *x, int64_t M, int64_t K, const void *w, i
     }
 }
 #endif
+
+/* fp16 scales (formats whose scales are fp16 in the file: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+ * widened to fp32, exactly: 2 bytes a group less to stream than fp32 */
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 1023, bits;
+    if (exp == 31)
+        bits = sign | 0x7f800000u | (man << 13);
+    else if (exp)
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man) { /* subnormal: normalise */
+        exp = 113;
+        while (!(man & 1024)) man <<= 1, exp--;
+        bits = sign | (exp << 23) | ((man & 1023) << 13);
+    } else
+        bits = sign;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void widen(const uint16_t *h, int64_t n, float *out) {
+    int64_t i = 0;
+#if defined(SIMD) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) out[i] = half_to_float(h[i]);
+}
+
+/* rows [row, row + rows) of a [*, count] table of scales, as fp32: in place, or widened */
+static const float *rows_of(const void *table, int half, int64_t row, int64_t rows,
+                            int64_t count, float *buf) {
+    if (!table) return NULL;
+    if (!half) return (const float *)table + row * count;
+    widen((const uint16_t *)table + row * count, rows * count, buf);
+    return buf;
+}
 
 /* output (r, n) from its lanes and the offsets: one function for every path, so the
  * compiler contracts the sums the same way whichever path ran */
@@ -275,21 +312,30 @@ void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) 
  * minimums. The same arithmetic per output whichever path runs (see the top). Returns -1
  * when scratch memory could not be had. */
 int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
-                   const float *scale, const float *mins, int64_t group, const float *xs,
+                   const void *scale, const void *mins, int half, int64_t group, const float *xs,
                    int64_t n0, int64_t n1, float *y, int64_t ldy, int64_t direct_rows) {
     int64_t groups = K / group;
+    /* widened scales and minimums: a column's (direct path) or a tile's */
+    float *wide = half ? malloc(sizeof(float) * 2 * COLS * groups) : NULL;
+    if (half && !wide) return -1;
+    float *ws = wide, *wm = wide ? wide + COLS * groups : NULL;
 #ifdef SIMD
     if (M <= direct_rows) {
         float stack[16 * LANES];
         float *acc = M <= 16 ? stack : malloc(sizeof(float) * M * LANES);
-        if (!acc) return -1;
+        if (!acc) {
+            free(wide);
+            return -1;
+        }
         for (int64_t n = n0; n < n1; n++) {
-            direct_column(x, M, K, w, bits, scale, group, n, acc);
+            const float *sc = rows_of(scale, half, n, 1, groups, ws);
+            const float *mn = rows_of(mins, half, n, 1, groups, wm);
+            direct_column(x, M, K, w, bits, sc, group, n, acc);
             for (int64_t r = 0; r < M; r++)
-                y[r * ldy + n] = column_out(acc + r * LANES, mins ? mins + n * groups : NULL,
-                                            groups, mins ? xs + r * groups : xs);
+                y[r * ldy + n] = column_out(acc + r * LANES, mn, groups, mins ? xs + r * groups : xs);
         }
         if (acc != stack) free(acc);
+        free(wide);
         return 0;
     }
 #endif
@@ -299,26 +345,29 @@ int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits
     if (!failed)
         for (int64_t c0 = n0; c0 < n1; c0 += COLS) {
             int64_t cols = n1 - c0 < COLS ? n1 - c0 : COLS;
-            tile(x, M, K, w, bits, scale, group, c0, cols, acc, wb);
+            const float *sc = rows_of(scale, half, c0, cols, groups, ws);
+            const float *mn = rows_of(mins, half, c0, cols, groups, wm);
+            tile(x, M, K, w, bits, sc, group, c0, cols, acc, wb);
             for (int64_t r = 0; r < M; r++)
                 for (int c = 0; c < cols; c++)
                     y[r * ldy + c0 + c] =
-                        column_out(acc + (r * COLS + c) * LANES,
-                                   mins ? mins + (c0 + c) * groups : NULL, groups, mins ? xs + r * groups : xs);
+                        column_out(acc + (r * COLS + c) * LANES, mn ? mn + c * groups : NULL,
+                                   groups, mins ? xs + r * groups : xs);
         }
     free(wb);
     free(acc);
+    free(wide);
     return failed ? -1 : 0;
 }
 
 /* y[M, N] = x[M, K] W^T. bits 4 (w: uint8 [N, K/2]) or 8 (w: int8 [N, K]); scale and mins:
- * float [N, K/group], mins NULL for symmetric formats; group: 16 (8 bits only) or a multiple
+ * [N, K/group] of fp32, or fp16 when `half`, mins NULL for symmetric formats; group: 16 (8 bits only) or a multiple
  * of 32; K a multiple of 32 and of group; xs: scratch of M * K/group floats; direct_rows:
  * up to this many rows take the direct path (the caller's choice, so that both paths can be
  * timed and tested on the same input). Returns 0, or -1 when scratch memory could not be had. */
 int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
-                  const float *scale, const float *mins, int64_t N, int64_t group, float *y,
-                  float *xs, int nthreads, int64_t direct_rows) {
+                  const void *scale, const void *mins, int half, int64_t N, int64_t group,
+                  float *y, float *xs, int nthreads, int64_t direct_rows) {
     int failed = 0;
     if (mins) group_sums(x, M, K, group, xs);
     /* whole tiles of COLS columns per thread, in order: the split never changes a result */
@@ -327,7 +376,7 @@ int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t per = (tiles + nt - 1) / nt, t0 = id * per, t1 = t0 + per < tiles ? t0 + per : tiles;
-        if (t0 < t1 && packed_columns(x, M, K, w, bits, scale, mins, group, xs, t0 * COLS,
+        if (t0 < t1 && packed_columns(x, M, K, w, bits, scale, mins, half, group, xs, t0 * COLS,
                                       t1 * COLS < N ? t1 * COLS : N, y, N, direct_rows)) {
 #pragma omp atomic write
             failed = 1;

@@ -73,15 +73,19 @@ def _tps(n: int, first: float, end: float) -> float | None:
 
 
 class Specgen:
-    def __init__(self, pipe) -> None:
-        self.pipe = pipe
+    def __init__(self, pipe, cpu_pass: str = "fused") -> None:
+        self.pipe, self.cpu_pass = pipe, cpu_pass  # "eager": the packed target's torch layers
 
     def run(self, ids: list[int], max_new: int, stops: set[int]) -> dict:
+        import os
+
         tokens, stats = [], None
+        os.environ["SPECGEN_CPU_PASS"] = self.cpu_pass
         for chunk in self.pipe.stream_ids(ids, max_new_tokens=max_new,
                                           session=self.pipe.new_session()):  # fmt: skip
             tokens.extend(chunk.token_ids)
             stats = chunk.stats
+        os.environ["SPECGEN_CPU_PASS"] = "fused"
         decode = stats.seconds - (stats.ttft_seconds or 0.0)
         tps = (stats.new_tokens - 1) / decode if stats.new_tokens > 1 and decode > 0 else None
         return {"tokens": tokens, "ttft": stats.ttft_seconds, "decode_tps": tps,
@@ -113,6 +117,12 @@ def main() -> None:
         help="also each method verifying every draft whole (verify policy full), packed and "
         "dequantized: the drafters' own acceptance on each target",
     )
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="also AR on the packed target through its eager torch layers (the fused CPU "
+        "pass's baseline)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -128,6 +138,8 @@ def main() -> None:
     dense = Pipeline.load(model, device="cpu", dequantize=True)
     runners = {"llama.cpp": LlamaCpp(gguf, args.threads, 4096),
                "ar": Specgen(packed), "ar-dequantized": Specgen(dense)}  # fmt: skip
+    if args.eager:
+        runners["ar-eager"] = Specgen(packed, "eager")
     for method in [m for m in args.methods.split(",") if m]:
         runners[method] = Specgen(packed.with_spec(SpecConfig(method=method)))
         if not args.no_dequantized_methods:
@@ -163,7 +175,7 @@ def main() -> None:
         ttft = statistics.median(r["ttft"] for r in rs)
         taus = [r["acceptance"] for r in rs if r["acceptance"]]
         tau = statistics.mean(taus) if taus else None
-        ref = "ar-dequantized" if name == "ar" else "ar"
+        ref = "ar-dequantized" if name in ("ar", "ar-eager") else "ar"
         agree = [agreement(r["tokens"], o["tokens"]) for r, o in zip(rs, results[ref], strict=True)]
         same = sum(a[2] for a in agree)
         tokens_differing = sum(a[1] - a[0] for a in agree)

@@ -22,7 +22,9 @@ import torch
 
 from specgen.errors import CheckpointError
 from specgen.kernels.linear import linear
+from specgen.models.packed import PackedMatrix
 from specgen.models.weights import LinearWeight
+from specgen.models.weights_packed import PackedWeight
 
 FILE = "draft_vocab.json"
 
@@ -30,9 +32,14 @@ FILE = "draft_vocab.json"
 @dataclass(frozen=True)
 class DraftVocab:
     ids: torch.Tensor  # [V'] token ids, sorted
-    head: torch.Tensor  # [V', H] the target's LM-head rows for them
+    # [V', H] the target's LM-head rows for them: on the CPU, a packed head's own packed
+    # rows (a quarter of the bytes a draft step streams through fp32 rows, the same logits
+    # up to fp32 summation; drafts are judged by the verifier either way)
+    head: torch.Tensor | PackedMatrix
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V']
+        if isinstance(self.head, PackedMatrix):
+            return self.head(normed)
         return linear(normed, self.head, None)  # the few-row CPU paths of kernels/linear.py
 
     def to_full(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -59,4 +66,15 @@ def load_draft_vocab(path: Path, lm_head: LinearWeight, name: str) -> DraftVocab
     if tensor.numel() == 0 or tensor[0] < 0 or tensor[-1] >= vocab:
         raise CheckpointError(f"{name}: {FILE} names tokens outside the target's {vocab}")
     tensor = tensor.to(lm_head.device)
-    return DraftVocab(tensor, lm_head.lookup(tensor).contiguous())
+    return DraftVocab(tensor, _head_rows(lm_head, tensor))
+
+
+def _head_rows(lm_head: LinearWeight, ids: torch.Tensor) -> torch.Tensor | PackedMatrix:
+    if (
+        isinstance(lm_head, PackedWeight)
+        and lm_head.device.type == "cpu"
+        and len(lm_head.segments) == 1
+        and isinstance(lm_head.segments[0], PackedMatrix)
+    ):
+        return lm_head.segments[0].permute_rows(ids)
+    return lm_head.lookup(ids).contiguous()

@@ -200,8 +200,9 @@ def _write_json(path, record: dict) -> None:
 # (2: few-row CPU matmul paths retuned, draft vocabularies through them; 3: the Markov
 # draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
 # its draft vocabulary gathered once, not per slot; drafts timed per length; 5: the packed
-# CPU kernel's direct path for verify blocks up to 16 rows).
-KERNELS_REVISION = 5
+# CPU kernel's direct path for verify blocks up to 16 rows; 6: the fused CPU pass, fp16
+# packed scales, packed draft-vocabulary heads).
+KERNELS_REVISION = 6
 
 
 def cached_costs(

@@ -39,35 +39,28 @@ static inline float lanes_sum(const float *a) {
 }
 
 /* W's row n, columns [k, k + 32), as floats q (unscaled, exact) */
+#ifdef SIMD
+static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, int64_t k,
+                               __m256 *o);
+#endif
 static inline void unpack32(const void *w, int bits, int64_t K, int64_t n, int64_t k,
                             float *o) {
+#ifdef SIMD
+    __m256 v[4];
+    unpack_regs(w, bits, K, n, k, v);
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(o + 8 * j, v[j]);
+#else
     if (bits == 4) {
         const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
-#ifdef SIMD
-        __m128i v = _mm_loadu_si128((const __m128i *)b), low = _mm_set1_epi8(15);
-        __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-        _mm256_storeu_ps(o, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)));
-        _mm256_storeu_ps(o + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))));
-        _mm256_storeu_ps(o + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
-        _mm256_storeu_ps(o + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
-#else
         for (int j = 0; j < 16; j++) {
             o[j] = (float)(b[j] & 15);
             o[j + 16] = (float)(b[j] >> 4);
         }
-#endif
     } else {
         const int8_t *q = (const int8_t *)w + n * K + k;
-#ifdef SIMD
-        __m128i v0 = _mm_loadu_si128((const __m128i *)q), v1 = _mm_loadu_si128((const __m128i *)(q + 16));
-        _mm256_storeu_ps(o, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)));
-        _mm256_storeu_ps(o + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))));
-        _mm256_storeu_ps(o + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)));
-        _mm256_storeu_ps(o + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))));
-#else
         for (int j = 0; j < 32; j++) o[j] = (float)q[j];
-#endif
     }
+#endif
 }
 
 /* acc[lane] = fma(sum over the block's vectors of x * w, s, acc): `vecs` vectors of 8 */
@@ -150,24 +143,25 @@ static void tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
 }
 
 #ifdef SIMD
-/* W's row n, columns [k, k + 32), as 4 vectors of floats (the same values unpack32 stores) */
+/* W's row n, columns [k, k + 32), as 4 vectors of floats (the same values unpack32 stores).
+ * Each group of 8 bytes is zero- or sign-extended straight from memory, and a 4-bit row's
+ * nibbles are split in 32-bit lanes: two shuffles a block instead of six (shuffles were
+ * what bounded a decode step; benchmarks/packed_kernel_rows.py). */
 static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, int64_t k,
                                __m256 *o) {
     if (bits == 4) {
         const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
-        __m128i v = _mm_loadu_si128((const __m128i *)b), low = _mm_set1_epi8(15);
-        __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-        o[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-        o[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-        o[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-        o[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+        __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b));
+        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8)));
+        __m256i low = _mm256_set1_epi32(15);
+        o[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, low));
+        o[1] = _mm256_cvtepi32_ps(_mm256_and_si256(c, low));
+        o[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+        o[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
     } else {
         const int8_t *q = (const int8_t *)w + n * K + k;
-        __m128i v0 = _mm_loadu_si128((const __m128i *)q), v1 = _mm_loadu_si128((const __m128i *)(q + 16));
-        o[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-        o[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
-        o[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-        o[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+        for (int j = 0; j < 4; j++)
+            o[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
     }
 }
 
@@ -249,6 +243,7 @@ static void direct_column(const float *x, int64_t M, int64_t K, const void *w, i
 
 /* fp16 scales (formats whose scales are fp16 in the file: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
  * widened to fp32, exactly: 2 bytes a group less to stream than fp32 */
+#if !defined(__F16C__)
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 1023, bits;
     if (exp == 31)
@@ -265,6 +260,7 @@ static float half_to_float(uint16_t h) {
     memcpy(&f, &bits, 4);
     return f;
 }
+#endif
 
 static void widen(const uint16_t *h, int64_t n, float *out) {
     int64_t i = 0;
@@ -272,7 +268,11 @@ static void widen(const uint16_t *h, int64_t n, float *out) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
+#if defined(__F16C__)
+    for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
+#else
     for (; i < n; i++) out[i] = half_to_float(h[i]);
+#endif
 }
 
 /* rows [row, row + rows) of a [*, count] table of scales, as fp32: in place, or widened */
@@ -284,12 +284,34 @@ static const float *rows_of(const void *table, int half, int64_t row, int64_t ro
     return buf;
 }
 
-/* output (r, n) from its lanes and the offsets: one function for every path, so the
- * compiler contracts the sums the same way whichever path ran */
+/* output (r, n) from its lanes and the offsets sum_g m_g xs_g (8 lanes of groups, then the
+ * rest in order): one function for every path, so the compiler contracts the sums the
+ * same way whichever path ran. A serial sum here was a chain of a few dozen dependent
+ * multiply-adds per output, as long as the column's products themselves. */
 static float column_out(const float *lanes, const float *mins, int64_t groups, const float *xs) {
     float off = 0.0f;
-    if (mins)
-        for (int64_t g = 0; g < groups; g++) off += mins[g] * xs[g];
+    if (mins) {
+        int64_t g = 0;
+#ifdef SIMD
+        if (groups >= 8) {
+            __m256 o = _mm256_mul_ps(_mm256_loadu_ps(mins), _mm256_loadu_ps(xs));
+            for (g = 8; g + 8 <= groups; g += 8)
+                o = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(xs + g), o);
+            float l[8];
+            _mm256_storeu_ps(l, o);
+            off = lanes_sum(l);
+        }
+#else
+        if (groups >= 8) {
+            float l[8];
+            for (int j = 0; j < 8; j++) l[j] = mins[j] * xs[j];
+            for (g = 8; g + 8 <= groups; g += 8)
+                for (int j = 0; j < 8; j++) l[j] = fmaf(mins[g + j], xs[g + j], l[j]);
+            off = lanes_sum(l);
+        }
+#endif
+        for (; g < groups; g++) off = fmaf(mins[g], xs[g], off);
+    }
     return lanes_sum(lanes) + off;
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from packed_helpers import write_tiny_gguf
-from test_packed_methods import MIXES
+from test_packed_methods import MIXES, wide_qwen2  # noqa: F401  (a fixture)
 
 from specgen.kernels.packed import cpu_library
 from specgen.models.fused_cpu import FusedPass
@@ -31,15 +31,6 @@ def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
             tapped[i].append(out.taps[i])
         at += n
     return torch.cat(logits, 1), {i: torch.cat(t, 1) for i, t in tapped.items()}
-
-
-@pytest.fixture(scope="module")
-def wide_qwen2(tmp_path_factory):
-    from conftest import save_tiny
-
-    path = tmp_path_factory.mktemp("wide-qwen2")
-    save_tiny(path, "qwen2", seed=4, hidden_size=256, intermediate_size=512)
-    return path
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])

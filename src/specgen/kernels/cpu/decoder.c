@@ -59,15 +59,24 @@ typedef struct {
     float *k, *v;           /* the cache: [layers, kv_heads, capacity, head_dim] each */
 } Model;
 
-/* ---- a barrier that spins briefly, then yields ----------------------------------------
- * Phases last tens of microseconds; sleeping in the kernel between them (libgomp's barrier
- * after its short spin) costs more than a phase. Beyond SPINS the waiter yields its core,
- * so a busy machine is not starved. */
+/* ---- a barrier that spins briefly, then sleeps ---------------------------------------
+ * Phases last tens of microseconds in a decode step; sleeping in the kernel between them
+ * (libgomp's barrier after its short spin) cost more than a phase. A wait longer than the
+ * spin (a prefill's long phases, a partner thread preempted on a busy machine) sleeps on a
+ * futex: yielding instead handed the core to any runnable process for a whole time slice,
+ * which made 2-thread prefills beside niced jobs slower than one thread. */
 #define SPINS 4000
 typedef struct {
-    atomic_int count, sense;
+    atomic_int count, sense, sleepers;
     int n;
 } Barrier;
+
+#ifdef __linux__
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static void barrier_wait(Barrier *b, int *mine) {
     int s = !*mine;
@@ -75,6 +84,10 @@ static void barrier_wait(Barrier *b, int *mine) {
     if (atomic_fetch_add(&b->count, 1) == b->n - 1) {
         atomic_store(&b->count, 0);
         atomic_store(&b->sense, s);
+#ifdef __linux__
+        if (atomic_load(&b->sleepers))
+            syscall(SYS_futex, (int *)&b->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
         return;
     }
     for (long i = 0; atomic_load_explicit(&b->sense, memory_order_acquire) != s; i++) {
@@ -84,7 +97,14 @@ static void barrier_wait(Barrier *b, int *mine) {
             continue;
         }
 #endif
+#ifdef __linux__
+        atomic_fetch_add(&b->sleepers, 1);
+        if (atomic_load(&b->sense) != s) /* the releaser sees us, or we see its release */
+            syscall(SYS_futex, (int *)&b->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
+        atomic_fetch_sub(&b->sleepers, 1);
+#else
         sched_yield();
+#endif
     }
 }
 
@@ -203,7 +223,7 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
     int failed = !x || !qkv || !att || !act || !mine;
     if (!failed) {
         memcpy(x, x_in, sizeof(float) * T * H);
-        Barrier bar = {0, 0, 1};
+        Barrier bar = {0, 0, 0, 1};
 #pragma omp parallel num_threads(nthreads)
         {
             int id = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0, bad = 0;

@@ -2,11 +2,13 @@
 
     python benchmarks/packed_step_profile.py --threads 1,2
 
-On the embedded default (packed, and dequantized for comparison), one-token decode steps
-after a short prefill are timed (best of N) three ways: as they run; with every matrix
-product replaced by an empty result of its shape (what the rest of the step costs: norms,
-RoPE, attention, the Python around them); and the products alone, each weight once on a
-random row. The last line is JSON.
+On the embedded default (packed through the eager torch layers, and dequantized for
+comparison), one-token decode steps after a short prefill are timed (best of N) three
+ways: as they run; with every matrix product replaced by an empty result of its shape
+(what the rest of the step costs: norms, RoPE, attention, the Python around them); and the
+products alone, each weight once on a random row. The fused CPU pass (how a packed target
+runs by default) is timed whole beside them: it has no Python between its products to
+take apart. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def no_products(x, out_features):
     return torch.empty(*x.shape[:-1], out_features)
 
 
-def time_model(model, steps: int) -> dict:
+def time_model(model, steps: int, whole_only: bool = False) -> dict:
     import specgen.kernels.packed as packed_kernels
     import specgen.models.weights as weights_module
     from specgen.models.weights import LinearWeight
@@ -45,6 +47,8 @@ def time_model(model, steps: int) -> dict:
         cache.rollback(32)  # the same context every step
 
     whole = best(step, steps)
+    if whole_only:
+        return {"step_ms": round(whole * 1e3, 2)}
     real = packed_kernels.packed_linear_cpu, weights_module.linear
     packed_kernels.packed_linear_cpu = lambda x, m: no_products(x, m.shape[0])
     weights_module.linear = lambda x, w, b: no_products(x, w.shape[0])
@@ -71,9 +75,17 @@ def main() -> None:
         "packed": load_target("smollm2-135m", device="cpu").model,
         "dequantized": load_target("smollm2-135m", device="cpu", dequantize=True).model,
     }
+    import os
+
     report = {}
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
+        os.environ["SPECGEN_CPU_PASS"] = "fused"
+        with torch.no_grad():
+            fused = time_model(models["packed"], args.steps, True)
+        report[f"packed-fused-{threads}t"] = fused
+        print(f"packed-fused {threads} thread(s): step {fused['step_ms']:6.2f} ms", flush=True)
+        os.environ["SPECGEN_CPU_PASS"] = "eager"
         for name, model in models.items():
             with torch.no_grad():
                 row = time_model(model, args.steps)

@@ -183,9 +183,96 @@ static int lin_columns(const Lin *w, const float *x, int64_t M, int64_t a, int64
     return 0;
 }
 
+#ifdef SIMD
+/* e^x for 8 lanes, x <= 0 here: Cephes' single-precision polynomial after reducing by
+ * ln 2 (within 2 ulp of expf). glibc's scalar expf was most of a long context's step. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* 8 sums of 8 lanes each: s[i] = ((a_i0 + a_i1) + (a_i2 + a_i3)) + ((a_i4 + a_i5) + (a_i6 + a_i7)) */
+static inline __m256 sums8(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* attend() for head sizes of whole vectors: keys eight at a time (the last group repeats
+ * key n - 1 and drops it), so every key's score, and so a row's result, is the same
+ * arithmetic whatever the number of keys around it */
+static void attend8(const float *q, const float *ks, const float *vs, int64_t n, int64_t d,
+                    float scale, float *scores, float *out) {
+    __m256 top = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
+    int64_t groups = (n + 7) / 8;
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) {
+            int64_t j = 8 * g + i < n ? 8 * g + i : n - 1;
+            const float *k = ks + j * d;
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+            for (int64_t c = 8; c < d; c += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a);
+            acc[i] = a;
+        }
+        __m256 s = _mm256_mul_ps(sums8(acc), sc);
+        _mm256_storeu_ps(scores + 8 * g, s);
+        top = _mm256_max_ps(top, s); /* the repeated key changes no maximum */
+    }
+    float lanes[8], m;
+    _mm256_storeu_ps(lanes, top);
+    m = lanes[0];
+    for (int i = 1; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    __m256 mv = _mm256_set1_ps(m), total = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + 8 * g), mv));
+        if (8 * g + 8 > n) { /* the repeated keys weigh nothing */
+            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - 8 * g)), lane);
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(live));
+        }
+        _mm256_storeu_ps(scores + 8 * g, e);
+        total = _mm256_add_ps(total, e);
+    }
+    _mm256_storeu_ps(lanes, total);
+    float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
+        int64_t vecs = (d - c0) / 8 < 8 ? (d - c0) / 8 : 8;
+        __m256 o[8];
+        for (int v = 0; v < vecs; v++) o[v] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            __m256 e = _mm256_broadcast_ss(scores + j);
+            const float *vj = vs + j * d + c0;
+            for (int v = 0; v < vecs; v++) o[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * v), o[v]);
+        }
+        for (int v = 0; v < vecs; v++) _mm256_storeu_ps(out + c0 + 8 * v, _mm256_mul_ps(o[v], inv));
+    }
+}
+#endif
+
 /* one query over n keys: softmax(q k^T * scale) v, in key order */
 static void attend(const float *q, const float *ks, const float *vs, int64_t n, int64_t d,
                    float scale, float *scores, float *out) {
+#ifdef SIMD
+    if (d % 8 == 0) {
+        attend8(q, ks, vs, n, d, scale, scores, out);
+        return;
+    }
+#endif
     float top = -INFINITY, total = 0.0f, o[512];
     for (int64_t j = 0; j < n; j++) {
         scores[j] = dot(q, ks + j * d, d) * scale;
@@ -216,7 +303,7 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
     if (nthreads < 1) nthreads = 1;
     /* shared: the residual stream, q/k/v, attention outputs, MLP channels; then each
      * thread's own: normed rows, x's group sums (groups of 16 at the smallest), scores */
-    const int64_t own = T * widest + T * (widest / 16 + 1) + P;
+    const int64_t own = T * widest + T * (widest / 16 + 1) + P + 8;
     float *x = malloc(sizeof(float) * T * H), *qkv = malloc(sizeof(float) * T * nqkv);
     float *att = malloc(sizeof(float) * T * natt), *act = malloc(sizeof(float) * T * 2 * I);
     float *mine = malloc(sizeof(float) * own * nthreads);

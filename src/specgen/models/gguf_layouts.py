@@ -6,8 +6,10 @@ values the converter changed. Read from ggml-org/llama.cpp (`convert_hf_to_gguf.
 0024aa7417ef: `LlamaModel.permute`, `Qwen3NextModel.modify_tensors`,
 `_LinearAttentionVReorderBase`, `Qwen3_5TextModel`; `conversion/base.py` at 00bd27a621f9:
 `TextModel.filter_tensors` drops `language_model.`, `prepare_tensors` keeps 1-D tensors,
-norms and `ssm_conv1d` F32; `conversion/gemma.py`'s `Gemma4Model`; `src/llama-quant.cpp`
-quantizes only 2-D `*.weight` tensors, never norms or `ssm_conv1d`):
+norms and `ssm_conv1d` F32; `conversion/gemma.py`'s `Gemma3Model`/`Gemma4Model`, in a
+version whose commit the reading did not record (the one at 2bbcf7fc93a4 predates Gemma 4);
+`src/llama-quant.cpp` at 007dbbf3fd17 quantizes only 2-D `*.weight` tensors, never norms or
+`ssm_conv1d`):
 
 - `llama`: q and k rows permuted (neighbours paired for RoPE instead of halves).
 - `qwen2`, `qwen3`: names only.
@@ -19,8 +21,8 @@ quantizes only 2-D `*.weight` tensors, never norms or `ssm_conv1d`):
   value rows of `attn_qkv` and `ssm_conv1d`, the rows of `attn_gate`, `ssm_alpha`,
   `ssm_beta`, `ssm_a`, `ssm_dt`, and the columns of `ssm_out`. Rows go back as whole rows;
   `ssm_out`'s columns cross quantization blocks, so it stays as stored and multiplies its
-  input gathered (`PackedMatrix.columns`). A multi-token-prediction block, when exported,
-  is `blk.<num_hidden_layers>` and never read.
+  input gathered (`PackedMatrix.columns`). A multi-token-prediction block, which newer
+  converters export as `blk.<num_hidden_layers>` (`nextn_predict_layers`), is never read.
 - `gemma4` (Gemma 4): names only (its norms are stored as they are: `norm_shift` 0), the
   per-layer `layer_scalar` as `layer_output_scale.weight`, and an extra `rope_freqs` table
   (the proportional RoPE of the global layers, which specgen computes itself) unread.

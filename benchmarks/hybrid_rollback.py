@@ -84,7 +84,7 @@ def main() -> None:
     layer = GatedDeltaNetLayer(args, dtype, device)
     for p in layer.parameters():
         p.data.copy_(torch.randn(p.shape, generator=gen, device=device) * 0.02)
-    layer.a_log.data.uniform_(0.0, 2.0)
+    layer.decay.data.uniform_(0.0, 2.0).exp_().neg_()  # -exp(A_log), A_log in [0, 2]
     mib = hy.value_heads * hy.key_dim * hy.value_dim * 4 / 2**20  # one state, fp32
     layers = hy.layer_types.count(LINEAR)
     print(f"qwen3.5-{a.shape}: Hv {hy.value_heads}, dk {hy.key_dim}, dv {hy.value_dim}: "

@@ -167,8 +167,9 @@ def save_zlab_gemma_drafter(
     cap. `where`: "dflash_config", "top" (the same scalars at the top level) or "none"."""
     text = target_text(target)
     save_tiny_dflash(
-        path, target_layer_ids=[1, 3], num_target_layers=text["num_hidden_layers"],
-        block_size=block_size, mask_token_id=MASK, seed=seed,
+        path, hidden=text["hidden_size"], target_layer_ids=[1, 3],
+        num_target_layers=text["num_hidden_layers"], block_size=block_size,
+        mask_token_id=MASK, seed=seed,
     )  # fmt: skip
     cfg = json.loads((path / "config.json").read_text())
     scalars = {

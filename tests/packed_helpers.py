@@ -1,6 +1,6 @@
 """GGUF blocks and tiny GGUF targets for the packed-weight tests, written with the `gguf`
-package in the layout llama.cpp's converter writes (tensor names from gguf's own name map,
-q/k rows permuted for the `llama` architecture)."""
+package in the layout llama.cpp's converter writes (llamacpp_convert.py: tensor names from
+gguf's own name map, and each architecture's transforms)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from llamacpp_convert import (
+    ARCH,
+    Converter,
+    file_kind,
+    text_config,
+    text_tensors,
+    write_metadata,
+    write_vocab,
+)
 from safetensors.torch import load_file, save_file
 
 QUANTIZERS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize has these
 ALL_KINDS = (*QUANTIZERS, "Q4_K", "Q5_K", "Q6_K")
-ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-        "qwen3": gguf.MODEL_ARCH.QWEN3}  # fmt: skip
 # where each format keeps its fp16 fields: (byte offset in the block, count)
-# llama.cpp's own fallback for a K-quant tensor whose rows are not whole 256-blocks
-K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 HALVES = {"Q4_0": (0, 1), "Q4_1": (0, 2), "Q5_0": (0, 1), "Q5_1": (0, 2), "Q8_0": (0, 1),
           "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}  # fmt: skip
 
@@ -46,41 +51,35 @@ def dequantized(kind: str, data: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(data, qtype(kind))
 
 
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter: rows (head, half, i) -> (head, i, half)."""
-    rows = w.shape[0]
-    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int = 0) -> Path:
-    """`hf_dir`'s tiny model as a GGUF file at `out`, each matrix in the kind of the first
-    `kinds` key its GGUF name contains ("" matches all; norms stay F32). Returns a directory
-    like `hf_dir` whose safetensors hold what the GGUF file defines (its dequantized
-    weights): the dense oracle."""
+def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int = 0,
+                    mtp: int = 0) -> Path:  # fmt: skip
+    """`hf_dir`'s tiny model as a GGUF file at `out` in llama.cpp's layout (llamacpp_convert:
+    its names, transforms, metadata and tokenizer), each 2-D weight in the kind of the first
+    `kinds` key its GGUF name contains ("" matches all; what llama.cpp keeps F32 stays F32).
+    `mtp`: that many multi-token-prediction blocks after the decoder's, as newer converters
+    export Qwen3.5's (`blk.<num_hidden_layers + i>`, the last layer's tensors and `nextn.*`
+    ones; `block_count` counts them, `nextn_predict_layers` says how many).
+    Returns a directory like `hf_dir` whose safetensors hold what the GGUF file defines
+    (its dequantized weights, the converter's transforms undone): the dense oracle."""
     config = json.loads((hf_dir / "config.json").read_text())
-    arch = config["model_type"]
+    arch, text = config["model_type"], text_config(config)
     tensors = load_file(str(hf_dir / "model.safetensors"))
-    names = gguf.get_tensor_name_map(ARCH[arch], config["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(ARCH[arch], text["num_hidden_layers"])
+    convert = Converter(arch, text, names)
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCH[arch]])
-    writer.add_block_count(config["num_hidden_layers"])
-    oracle = {}
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    for hf, t in tensors.items():
-        base, _, suffix = hf.rpartition(".")
-        gg = names.get_name(base)
-        assert gg is not None, hf
-        gg = f"{gg}.{suffix}"
-        w = t.float().numpy()
-        permuted = arch == "llama" and any(p in gg for p in (".attn_q.", ".attn_k."))
-        if permuted:
-            w = _permute(w, heads if ".attn_q." in gg else kv_heads)
-        kind = next((k for pat, k in kinds.items() if pat in gg), None) if w.ndim == 2 else None
-        if kind in K_FALLBACK and w.shape[1] % 256:
-            kind = K_FALLBACK[kind]
+    write_metadata(writer, arch, config, tensors, mtp=mtp)
+    write_vocab(writer, hf_dir, text["vocab_size"], config)
+    oracle, last = {}, f"blk.{text['num_hidden_layers'] - 1}."
+    for hf, name in text_tensors(tensors).items():
+        gg, w = convert.convert(name, tensors[hf].float().numpy())
+        kind = file_kind(gg, w.shape, kinds)
         if kind is None:
             writer.add_tensor(gg, np.ascontiguousarray(w, dtype=np.float32))
             back = w
+        elif kind == "F16":
+            writer.add_tensor(gg, np.ascontiguousarray(w, dtype=np.float16))
+            back = w.astype(np.float16).astype(np.float32)
         else:
             if kind in QUANTIZERS:
                 data = gguf.quants.quantize(w, qtype(kind))
@@ -88,9 +87,18 @@ def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int
                 data = random_blocks(kind, *w.shape, rng, scale=2e-4)
             writer.add_tensor(gg, data, raw_dtype=qtype(kind))
             back = dequantized(kind, data)
-        if permuted:  # the dense oracle is in HF row order
-            back = _unpermute(back, heads if ".attn_q." in gg else kv_heads)
-        oracle[hf] = torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32))
+        oracle[hf] = torch.from_numpy(np.ascontiguousarray(convert.unconvert(name, back)))
+        for i in range(mtp) if gg.startswith(last) else ():  # copies, never read
+            copy = gg.replace(last, f"blk.{text['num_hidden_layers'] + i}.")
+            writer.add_tensor(copy, np.ascontiguousarray(w, dtype=np.float32))
+    for i in range(mtp):
+        h = text["hidden_size"]
+        block = f"blk.{text['num_hidden_layers'] + i}.nextn."
+        writer.add_tensor(block + "eh_proj.weight", rng.standard_normal((h, 2 * h), np.float32))
+        for norm in ("enorm", "hnorm", "shared_head_norm"):
+            writer.add_tensor(block + norm + ".weight", np.ones(h, np.float32))
+    for gg, w in convert.extra_tensors(tensors).items():
+        writer.add_tensor(gg, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -102,8 +110,3 @@ def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int
             (dense / f.name).write_bytes(f.read_bytes())
     save_file(oracle, str(dense / "model.safetensors"))
     return dense
-
-
-def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
-    rows = w.shape[0]
-    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -16,6 +16,8 @@ from specgen.engine.costs import CostWatch, cached_costs
 from specgen.errors import CheckpointError, OptionError, SpecgenError
 from specgen.hub import Notify, ResolvedModel, resolve_model
 from specgen.models.gguf import ensure_converted
+from specgen.models.gguf_index import gguf_architecture
+from specgen.models.gguf_layouts import OWN_LAYOUTS
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_model
 from specgen.models.transformer import Transformer
@@ -111,6 +113,10 @@ def load_weights(
         return load_gguf_target(
             resolved.gguf, resolved.path, dtype=dtype, device=device, name=resolved.name
         )
+    if resolved.gguf is not None and gguf_architecture(resolved.gguf) in OWN_LAYOUTS:
+        # transformers' GGUF reader cannot dequantize these (models/gguf_layouts.py)
+        return load_gguf_target(resolved.gguf, resolved.path, dtype=dtype, device=device,
+                                name=resolved.name, dequantize=True)  # fmt: skip
     path = resolved.path
     if resolved.gguf is not None:
         path = ensure_converted(resolved.gguf, notify, weights=True)

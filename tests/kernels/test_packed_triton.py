@@ -24,6 +24,10 @@ def matrices():
     w = torch.randn(70, 512, generator=torch.Generator().manual_seed(1))
     yield "int4-g128", quantize(w, 4, 128)
     yield "int8-g64", quantize(w, 8, 64)
+    # stored columns in another order (Qwen3.5's ssm_out): the kernel reads its input gathered
+    k = packed_from_blocks("Q4_K", random_blocks("Q4_K", 70, 512, rng), 70, 512)
+    order = torch.randperm(512, generator=torch.Generator().manual_seed(2))
+    yield "Q4_K-gathered", k.permute_columns(order)
 
 
 @pytest.mark.parametrize("kind,m", list(matrices()), ids=lambda v: v if isinstance(v, str) else "")

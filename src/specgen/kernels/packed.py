@@ -114,7 +114,9 @@ def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> tor
     if f is None or x.dtype != torch.float32 or (x.requires_grad and torch.is_grad_enabled()):
         return packed_linear_torch(x, m)  # a drafter trained through the head: autograd
     n, k = m.shape
-    if not x.is_contiguous():
+    if m.columns is not None:  # columns stored in another order: the inputs follow them
+        x = x.index_select(-1, m.columns)
+    elif not x.is_contiguous():
         x = x.contiguous()
     rows = x.numel() // k
     y = torch.empty(*x.shape[:-1], n)

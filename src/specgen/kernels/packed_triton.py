@@ -28,6 +28,8 @@ def packed_linear_triton(x: torch.Tensor, m) -> torch.Tensor:
     import triton
 
     n, k = m.shape
+    if m.columns is not None:  # columns stored in another order: the inputs follow them
+        x = x.index_select(-1, m.columns)
     flat = x.reshape(-1, k).contiguous()
     rows = flat.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)

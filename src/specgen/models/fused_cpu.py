@@ -207,5 +207,7 @@ def runnable(model) -> bool:
 
 def _packed(w) -> bool:
     return isinstance(w, PackedWeight) and all(
-        isinstance(s, PackedMatrix) or s.w.dtype == torch.float32 for s in w.segments
+        (isinstance(s, PackedMatrix) and s.columns is None)  # the pass reads columns in order
+        or (not isinstance(s, PackedMatrix) and s.w.dtype == torch.float32)
+        for s in w.segments
     )

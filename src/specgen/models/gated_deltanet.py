@@ -4,7 +4,8 @@
     qkv, z, b, a = projections of h                       (one fused matmul here)
     qkv        = silu(depthwise causal conv(qkv))         (kernel K over the last K tokens)
     q, k       = L2-normalised per head (q also scaled by 1/sqrt(dk)); v
-    g          = -exp(A_log) * softplus(a + dt_bias)      (log decay per value head)
+    g          = -exp(A_log) * softplus(a + dt_bias)      (log decay per value head;
+                                                           -exp(A_log) computed at load)
     beta       = sigmoid(b)
     o          = gated delta rule(q, k, v, g, beta)       (kernels/gated_delta.py)
     x          = x + out_proj(RMSNorm(o) * silu(z)),  then the MLP block
@@ -46,8 +47,10 @@ class GatedDeltaNetLayer(nn.Module):
         self.splits = (hy.conv_dim, value_width, hy.value_heads, hy.value_heads)
         self.w_in = DenseWeight(sum(self.splits), h, **w)
         self.conv_w = new_weight(hy.conv_dim, 1, hy.conv_kernel, **w)  # depthwise taps
-        # kept in fp32: transformers computes the decay in fp32 from them
-        self.a_log = new_weight(hy.value_heads, dtype=torch.float32, device=device)
+        # kept in fp32: transformers computes the decay in fp32 from them. `decay` is loaded
+        # from A_log and holds -exp(A_log) once the family's finish_load has run (what every
+        # step computed before; llama.cpp's files store it so, models/gguf_index.py)
+        self.decay = new_weight(hy.value_heads, dtype=torch.float32, device=device)
         self.dt_bias = new_weight(hy.value_heads, dtype=torch.float32, device=device)
         self.out_norm = new_weight(hy.value_dim, **w)  # the gated RMSNorm (plain weight)
         self.w_out = DenseWeight(h, value_width, **w)
@@ -63,7 +66,7 @@ class GatedDeltaNetLayer(nn.Module):
             yield Row(p + f"in_proj_{name}.weight", self.w_in, (width, h), rows)
             rows += width
         yield Row(p + "conv1d.weight", self.conv_w, (hy.conv_dim, 1, hy.conv_kernel))
-        yield Row(p + "A_log", self.a_log, (hy.value_heads,))
+        yield Row(p + "A_log", self.decay, (hy.value_heads,))
         yield Row(p + "dt_bias", self.dt_bias, (hy.value_heads,))
         yield Row(p + "norm.weight", self.out_norm, (hy.value_dim,))
         yield Row(p + "out_proj.weight", self.w_out, (h, hy.value_heads * hy.value_dim))
@@ -109,7 +112,7 @@ class GatedDeltaNetLayer(nn.Module):
         k = _l2norm(k.reshape(bsz, t, hy.key_heads, hy.key_dim).float())
         v = v.reshape(bsz, t, hy.value_heads, hy.value_dim).float()
         beta = torch.sigmoid(b).float()  # rounded as transformers does, then fp32
-        g = -self.a_log.exp() * F.softplus(dt.float() + self.dt_bias)
+        g = self.decay * F.softplus(dt.float() + self.dt_bias)
         base, tape = cache.generation(layer_id, step.read)
         if step.prefill:
             start = replay_tape(base, tape, step.replay)  # the state the block starts from

@@ -5,9 +5,10 @@ The names come from the `gguf` package's own tensor-name map for the file's arch
 a GGUF target from the same plan rows as a safetensors one. Quantized tensors come back as
 `PackedMatrix` (never dequantized), F32/F16/BF16 ones as tensors.
 
-llama.cpp's converter permutes the rows of q and k for the `llama` architecture (its RoPE
-pairs neighbours, HF's pairs halves); the rows are put back in HF order here, which for a
-row-wise block format is a reordering of whole rows, nothing recomputed.
+What llama.cpp's converter changed on the way (the `llama` architecture's permuted q/k
+rows, Qwen3.5's reordered value heads, ...) is undone by models/gguf_layouts.py, for a
+block format always by reordering whole rows, or by gathering a matrix's input where the
+reorder is of its columns: nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
+from specgen.models import gguf_layouts
 from specgen.models.gguf_blocks import BLOCK, DECODERS, packed_from_blocks
 from specgen.models.packed import PackedMatrix
 
 DENSE = {"F32": np.float32, "F16": np.float16}
 SUPPORTED = (*DENSE, "BF16", *DECODERS)
-ROPE_PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp's converter permuted
 
 
-def _open(path: Path, name: str):
+def open_gguf(path: Path, name: str):
     import gguf
 
     try:
@@ -37,32 +39,53 @@ def _open(path: Path, name: str):
         ) from None
 
 
+def gguf_architecture(path: Path) -> str | None:
+    """The file's `general.architecture` (None if it names none)."""
+    field = open_gguf(path, str(path)).get_field("general.architecture")
+    return None if field is None else str(field.contents())
+
+
 class GGUFIndex:
     """Checkpoint name -> GGUF tensor, for `loading.fill`."""
 
-    def __init__(self, path: Path, name: str, config: dict) -> None:
+    def __init__(self, path: Path, name: str, args: ModelArgs) -> None:
         import gguf
 
-        self.name, self.path = name, path
-        self.reader = reader = _open(path, name)
-        arch_field = reader.get_field("general.architecture")
-        self.arch = str(arch_field.contents()) if arch_field is not None else "?"
+        self.name, self.path, self.args = name, path, args
+        self.reader = reader = open_gguf(path, name)
+        field = reader.get_field("general.architecture")
+        self.arch = str(field.contents()) if field is not None else "?"
         self.tensors = {t.name: t for t in reader.tensors}
-        self.heads = config.get("num_attention_heads")
-        self.kv_heads = config.get("num_key_value_heads") or self.heads
         by_arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
         if self.arch not in by_arch:
             raise CheckpointError(f"{name}: GGUF architecture {self.arch!r} is not one gguf knows")
-        blocks = config.get("num_hidden_layers") or 0
-        names = gguf.get_tensor_name_map(by_arch[self.arch], blocks)
+        # layers past num_layers (a Qwen3.5 file's multi-token-prediction block) stay unnamed
+        self.names = gguf.get_tensor_name_map(by_arch[self.arch], args.num_layers)
         gguf_to_hf: dict[str, list[str]] = {}
-        for hf, (_, gg) in names.mapping.items():
+        for hf, (_, gg) in self.names.mapping.items():
             gguf_to_hf.setdefault(gg, []).append(hf)
         self.where: dict[str, str] = {}
         for full in self.tensors:
             base, dot, suffix = full.rpartition(".")
-            for hf in gguf_to_hf.get(base, ()):
-                self.where[f"{hf}{dot}{suffix}"] = full
+            # `blk.3.ssm_a` has no suffix; every other tensor a `.weight` or `.bias`
+            for stem, end in ((full, ""), (base, dot + suffix)) if dot else ((full, ""),):
+                for hf in gguf_to_hf.get(stem, ()):
+                    self.where[gguf_layouts.plan_key(self.arch, hf + end)] = full
+        # the converter already applied what the family's finish_load does (Qwen3.5)
+        self.finished = self.arch in gguf_layouts.FINISHED
+
+    def label(self, key: str) -> str:
+        """Plan key `key` as messages name it: the file's tensor (present or not) first."""
+        return f"{self._gguf_name(key)} ({key})"
+
+    def _gguf_name(self, key: str) -> str:
+        if key in self.where:
+            return self.where[key]
+        for end in ("", ".weight", ".bias"):
+            for hf, (_, gg) in self.names.mapping.items():
+                if gguf_layouts.plan_key(self.arch, hf + end) == key:
+                    return gg + end
+        return "?"
 
     def kinds(self) -> dict[str, int]:
         """How many tensors of each GGUF type the file holds."""
@@ -92,7 +115,7 @@ class GGUFIndex:
                 out = packed_from_blocks(kind, t.data.reshape(rows, -1), rows, cols)
         except (ValueError, IndexError) as e:  # a short memmap: a truncated file
             raise CheckpointError(f"{self.name}: cannot read tensor {t.name} ({e})") from None
-        out = self._unpermute(t.name, out)
+        out = gguf_layouts.undo(self.arch, key, out, self.args)
         return out.to(device)
 
     def _dense(self, t, kind: str, shape) -> torch.Tensor:
@@ -103,14 +126,3 @@ class GGUFIndex:
         else:
             arr = data.view(DENSE[kind]).astype(np.float32)
         return torch.from_numpy(np.ascontiguousarray(arr).reshape(shape))
-
-    def _unpermute(self, gguf_name: str, m):
-        if self.arch not in ROPE_PERMUTED or not self.heads:
-            return m
-        heads = {".attn_q.": self.heads, ".attn_k.": self.kv_heads}
-        n = next((h for tag, h in heads.items() if tag in gguf_name), None)
-        if n is None:
-            return m
-        rows = m.shape[0]
-        order = torch.arange(rows).view(n, rows // n // 2, 2).transpose(1, 2).reshape(rows)
-        return m.permute_rows(order) if isinstance(m, PackedMatrix) else m[order]

@@ -60,6 +60,9 @@ class SafetensorsIndex:
         except Exception as e:
             raise CheckpointError(f"{self.name}: cannot read tensor {key} ({e})") from None
 
+    def label(self, key: str) -> str:  # how messages name a tensor
+        return key
+
     def get(self, key: str, device: torch.device) -> torch.Tensor:
         path = self.where[key]
         try:
@@ -83,13 +86,14 @@ def fill(plan: Plan, index: SafetensorsIndex, device: torch.device) -> None:
         tensor = index.get(row.key, device)
         if tuple(tensor.shape) != row.shape:
             raise CheckpointError(
-                f"{index.name}: tensor {row.key} has shape {tuple(tensor.shape)}, "
-                f"expected {row.shape} for this config"
+                f"{index.name}: tensor {index.label(row.key)} has shape "
+                f"{tuple(tensor.shape)}, expected {row.shape} for this config"
             )
         row.load(tensor)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise CheckpointError(f"{index.name}: checkpoint lacks {', '.join(missing[:3])}{more}")
+        names = ", ".join(index.label(k) for k in missing[:3])
+        raise CheckpointError(f"{index.name}: checkpoint lacks {names}{more}")
 
 
 def load_target(
@@ -116,17 +120,18 @@ def load_gguf_target(
     dtype: torch.dtype,
     device: str,
     name: str | None = None,
+    dequantize: bool = False,
 ) -> Transformer:
     """A `Transformer` whose matrices stay in the GGUF file's quantization (packed weights;
-    models/weights_packed.py), with its config from `config_dir` (models/gguf.py)."""
+    models/weights_packed.py), with its config from `config_dir` (models/gguf.py); with
+    `dequantize`, the same matrices dequantized to `dtype` (dense weights)."""
     from specgen.models.gguf_index import GGUFIndex
-    from specgen.models.weights import replace_weights
+    from specgen.models.weights import DenseWeight, replace_weights, storage_changed
     from specgen.models.weights_packed import PackedWeight
 
     name = name or str(gguf_path)
-    config = read_config(config_dir, name)
-    args = model_args(config, name=name)
-    index = GGUFIndex(gguf_path, name, config)
+    args = model_args(read_config(config_dir, name), name=name)
+    index = GGUFIndex(gguf_path, name, args)
     # the dense matrices this builds are never written (their pages never become resident)
     # and are dropped for empty packed ones, which the plan then fills
     model = Transformer(args, dtype=dtype, device=device)
@@ -139,5 +144,17 @@ def load_gguf_target(
     ]
     if unfilled:
         raise CheckpointError(f"{name}: the GGUF file does not fill {unfilled[0]}")
-    model.family.finish_load(model)
+    if not index.finished:  # (Qwen3.5's converter stores its norms and decays finished)
+        model.family.finish_load(model)
+    if dequantize:
+        made: dict[int, DenseWeight] = {}  # a tied head stays the embedding
+        for parent in list(model.modules()):
+            for child_name, child in list(parent._modules.items()):
+                if isinstance(child, PackedWeight):
+                    if id(child) not in made:
+                        made[id(child)] = dense = DenseWeight(*child.shape, dtype=dtype,
+                                                              device=child.device)  # fmt: skip
+                        dense.weight.data.copy_(child.dense())
+                    setattr(parent, child_name, made[id(child)])
+        storage_changed()
     return model.eval()

@@ -14,6 +14,12 @@ which streams every weight once a token, reads 2 bytes a group less. Every
 `scale * q` is exact in fp32 (a GGUF scale has at most 11 + 8 significant bits and q at most
 6), so the matrix a file defines is `dequantize()`, rounded once per weight as the `gguf`
 package rounds it, and the kernels' products differ from it by fp32 summation only.
+
+A matrix may keep its columns in another order than the one it multiplies (`columns`):
+llama.cpp stores Qwen3.5's `ssm_out` with its value heads reordered, a permutation that
+crosses quantization blocks. The blocks stay as stored and the kernels gather the input
+instead (stored column j multiplies input `columns[j]`); `dequantize` gives the matrix in
+input order.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class PackedMatrix(nn.Module):
         bits: int,
         group: int,
         kind: str,  # where it came from, for reports: "Q4_1", "int4-g32", ...
+        columns: torch.Tensor | None = None,  # [K] int64: the input each stored column takes
     ) -> None:
         super().__init__()
         self.bits, self.group, self.kind = bits, group, kind
@@ -50,6 +57,9 @@ class PackedMatrix(nn.Module):
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
         self.register_buffer("mins", None if mins is None else mins.contiguous())
+        if columns is not None and tuple(columns.shape) != (cols,):
+            raise ValueError(f"packed {kind} matrix: {columns.numel()} column indices for {cols}")
+        self.register_buffer("columns", None if columns is None else columns.long().contiguous())
         self.shape = torch.Size((rows, cols))
 
     @property
@@ -59,10 +69,12 @@ class PackedMatrix(nn.Module):
     @property
     def nbytes(self) -> int:
         return sum(
-            t.numel() * t.element_size() for t in (self.q, self.scale, self.mins) if t is not None
+            t.numel() * t.element_size()
+            for t in (self.q, self.scale, self.mins, self.columns)
+            if t is not None
         )
 
-    def integers(self, rows=None) -> torch.Tensor:  # [n, K] int16: the q values themselves
+    def integers(self, rows=None) -> torch.Tensor:  # [n, K] int16: q as stored (column order)
         q = self.q if rows is None else self.q[rows]
         if self.bits == 8:
             return q.to(torch.int16)
@@ -77,7 +89,10 @@ class PackedMatrix(nn.Module):
         w = q.view(n, k // self.group, self.group) * scale[..., None]
         if self.mins is not None:
             w = w + (self.mins if rows is None else self.mins[rows]).float()[..., None]
-        return w.view(n, k).to(dtype)
+        w = w.view(n, k)
+        if self.columns is not None:  # back in input order
+            w = w[:, torch.argsort(self.columns)]
+        return w.to(dtype)
 
     def narrow_rows(self, start: int, stop: int) -> PackedMatrix:
         """Rows [start, stop) sharing this matrix's storage."""
@@ -89,13 +104,21 @@ class PackedMatrix(nn.Module):
             bits=self.bits,
             group=self.group,
             kind=self.kind,
+            columns=self.columns,
         )
 
     def permute_rows(self, order: torch.Tensor) -> PackedMatrix:
         mins = None if self.mins is None else self.mins[order]
-        return PackedMatrix(
-            self.q[order], self.scale[order], mins, bits=self.bits, group=self.group, kind=self.kind
-        )
+        return PackedMatrix(self.q[order], self.scale[order], mins, bits=self.bits,
+                            group=self.group, kind=self.kind, columns=self.columns)  # fmt: skip
+
+    def permute_columns(self, order: torch.Tensor) -> PackedMatrix:
+        """The same storage multiplying its input as if its columns were reordered: the
+        matrix whose column i is this one's column order[i] (nothing unpacked)."""
+        stored = torch.arange(self.shape[1]) if self.columns is None else self.columns.cpu()
+        columns = torch.argsort(order.cpu())[stored]
+        return PackedMatrix(self.q, self.scale, self.mins, bits=self.bits, group=self.group,
+                            kind=self.kind, columns=columns.to(self.q.device))  # fmt: skip
 
     def stacks_with(self, other: PackedMatrix) -> bool:
         """Whether the two can be one matrix, `other`'s rows below (a fused q/k/v)."""
@@ -105,7 +128,7 @@ class PackedMatrix(nn.Module):
             other.mins is None,
             other.shape[1],
             other.kind,
-        )
+        ) and _same(self.columns, other.columns)
 
     @staticmethod
     def stack(parts: list[PackedMatrix]) -> PackedMatrix:
@@ -118,12 +141,17 @@ class PackedMatrix(nn.Module):
             bits=first.bits,
             group=first.group,
             kind=first.kind,
+            columns=first.columns,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         from specgen.kernels.packed import packed_linear
 
         return packed_linear(x, self)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 def _compact(

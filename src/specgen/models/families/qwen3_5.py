@@ -81,12 +81,16 @@ class Qwen3_5(MultimodalText):
         )
 
     def finish_load(self, model: nn.Module) -> None:
-        """Zero-centred norms: scale = 1 + w, added once (fp32 parameters, so exact)."""
+        """Zero-centred norms: scale = 1 + w, added once (fp32 parameters, so exact); each
+        Gated DeltaNet layer's decay -exp(A_log), computed once as every step computed it.
+        llama.cpp's converter stores both so: a GGUF target skips this (gguf_index.py)."""
         weights = [model.norm]
         for layer in model.layers:
             weights += [layer.attn_norm, layer.ffn_norm]
             if isinstance(layer, DecoderLayer):
                 weights += [layer.q_norm, layer.k_norm]
+            else:
+                layer.decay.data.exp_().neg_()
         for w in weights:
             w.data.add_(1.0)
 

@@ -213,3 +213,16 @@ def test_the_stop_token_that_ends_an_answer_is_reported_last(pipes, hf_deep, met
     done = pipe.generate("The quick brown fox", raw=True, max_new_tokens=12,
                          sampling=SamplingParams(logprobs=0))  # fmt: skip
     assert [t.token for t in done.logprobs] == done.token_ids + [stop]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
+def test_a_scored_answer_has_the_logprobs_it_was_generated_with(family, request, monkeypatch):
+    """Hybrid (Gated DeltaNet state) and sliding-window targets, scored a few rows a
+    forward: the prompt + answer scored gives the answer's own logprobs back."""
+    monkeypatch.setattr(score, "ROWS", 3)
+    path = request.getfixturevalue(f"tiny_{family}")
+    pipe = Pipeline.load(str(path), device="cpu", dtype="float32")
+    prompt = pipe.encode("one two one two one two", raw=True)
+    ids, logprobs, *_ = answer(pipe, prompt, SamplingParams(logprobs=TOP), 10)
+    scored = pipe.prompt_logprobs(prompt + ids, top=TOP, session=pipe.new_session())
+    assert_same(scored[len(prompt) - 1 :], logprobs[: len(ids)], atol=1e-4)

@@ -311,9 +311,17 @@ class TwinDrafter(KeyDrafter):
         with torch.no_grad():
             for _ in range(min(max_tokens, self.max_draft_tokens)):
                 logits = self.hf(torch.tensor([seq])).logits[0, -1]
-                scores = reference_scores(logits, self.prompt, seq[len(self.prompt) :], self.params)
+                counts = torch.bincount(torch.tensor(seq[len(self.prompt) :]), minlength=TINY_VOCAB)
+                in_prompt = torch.zeros(TINY_VOCAB, dtype=torch.bool)
+                in_prompt[self.prompt] = True
+                scores = penalise(logits, counts.float(), in_prompt, self.params)
                 seq.append(int(scores.argmax()))
         return Draft(torch.tensor([seq[len(self.ids) + 1 :]]))
+
+
+# strong rewards for repeats: whether a row counts the draft before it moves this third
+# token by a total variation of 0.27 on the tiny Llama (a row that missed d1 fails here)
+TWIN = dict(temperature=1.0, top_k=3, frequency_penalty=-2.0, presence_penalty=-2.0)
 
 
 @pytest.mark.slow
@@ -322,13 +330,13 @@ def test_sampled_rows_after_accepted_drafts_count_them(llama):
     from the row after an accepted d1 most of the time, penalised with d1 counted."""
     model, hf = llama
     prompt = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
-    exact = exact_penalised(model, prompt, SamplingParams(**SAMPLED), 2).float()
+    exact = exact_penalised(model, prompt, SamplingParams(**TWIN), 2).float()
     counts, accepted, n = torch.zeros(TINY_VOCAB), 0, 1500
     for seed in range(n):
-        params = SamplingParams(seed=seed, **SAMPLED)
+        params = SamplingParams(seed=seed, **TWIN)
         drafter = TwinDrafter(hf, prompt, params)
         events = list(generate_speculative(model, model.new_cache(64), drafter, prompt,
-                                           params=params, max_new_tokens=4,
+                                           params=params, max_new_tokens=3,
                                            stop_ids=frozenset()))  # fmt: skip
         tokens = [t for e in events for t in e.tokens]
         counts[tokens[2]] += 1

@@ -163,6 +163,8 @@ def test_completion_logprobs_offsets_and_echo(http, pipes, method):
     assert echo["text"] == pipe.codec.decode(prompt) + text
     lp = echo["logprobs"]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    used = post(http, "/v1/completions", echo=True, **body).json()["usage"]
+    assert used["prompt_tokens_details"]["cached_tokens"] == 0  # scored in this request
     assert lp["token_logprobs"][1 : len(prompt)] == pytest.approx(
         [s.logprob for s in scored], abs=1e-5
     )

@@ -235,7 +235,10 @@ class Worker:
             finish = "length" if stats.finish_reason in ("length", "context") else "stop"
         if self.metrics is not None:
             self.metrics.answer(stats, finish)
-        usage = (stats.prompt_tokens, stats.new_tokens, stats.prompt_tokens - stats.prefill_tokens)
+        cached = stats.prompt_tokens - stats.prefill_tokens
+        if job.echo and job.sampling.logprobs is not None:
+            cached = 0  # this request's own scoring pass computed the prompt, not a cache
+        usage = (stats.prompt_tokens, stats.new_tokens, cached)
         speedup = modeled_speedup(stats, pipe.costs)
         spec = report.final(stats, queue_seconds=queue_seconds, speedup=speedup)
         self._post(job, Done(finish, usage, spec))

@@ -46,7 +46,7 @@ head -3 "$OUT/eager-profile.txt"
 # 2. correctness on CUDA: lossless per method and engine, kernels against their references
 PER_TEST=""
 $PY -c "import pytest_timeout" 2>/dev/null && PER_TEST="--timeout 120"
-timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/kernels \
+timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/test_gpu_logprobs.py tests/kernels \
   tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py \
   tests/test_gpu_gemma4.py 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"

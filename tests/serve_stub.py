@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from conftest import tiny_tokenizer
+from specgen.events import TokenLogprob
 from specgen.pipeline import Chunk
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
@@ -47,7 +48,8 @@ class StubPipe:
 
     def stream_ids(self, ids, sampling=None, max_new_tokens=256, ignore_eos=False):
         """The scripted answer's tokens, one a step, as the pipeline streams them (its
-        text decoded without special tokens)."""
+        text decoded without special tokens); with logprobs asked for, each token's is
+        -(its position + 1), its top tokens the token itself and the ids after it (mod 256)."""
         from specgen.text import Detokenizer
 
         self.prompts.append(list(ids))
@@ -55,13 +57,24 @@ class StubPipe:
         stats = GenStats(prompt_tokens=len(ids), prefill_tokens=len(ids))
         tokens = (self.codec.encode_raw(text) if text else [])[:max_new_tokens]
         detok = Detokenizer(self.codec)
+        top = None if sampling is None else sampling.logprobs
         for i, token in enumerate(tokens or [None]):
             last = i >= len(tokens) - 1
             reason = ("length" if len(tokens) == max_new_tokens else "stop") if last else None
             stats.record_step(1, 0, 0, reason)
             step = () if token is None else (token,)
             piece = detok.push(list(step)) + (detok.flush() if last else "")
-            yield Chunk(piece, step, stats)
+            if top is None or not step:
+                yield Chunk(piece, step, stats)
+            else:
+                yield Chunk(piece, step, stats, 0, (scripted(token, -(i + 1.0), top),), (piece,))
+
+    def prompt_logprobs(self, ids, top=0, session=None):
+        return [scripted(t, -0.5, top) for t in ids[1:]]
+
+
+def scripted(token: int, logprob: float, top: int) -> TokenLogprob:
+    return TokenLogprob(token, logprob, tuple(((token + k) % 256, logprob - k) for k in range(top)))
 
 
 def codec_with(tmp: Path, template: str | None = None, special: list[str] = ()) -> TextCodec:

@@ -75,9 +75,12 @@ def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
 
     sampling, spec = SamplingParams(), SpecConfig()
     assert [DEFAULTS[n] for n in GROUPS["sampling"]] == [
-        DEFAULT_MAX_NEW_TOKENS, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+        DEFAULT_MAX_NEW_TOKENS, sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed,
+        sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty,
     ]  # fmt: skip
     assert Defaults().max_tokens == DEFAULT_MAX_NEW_TOKENS
+    penalties = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+    assert [getattr(Defaults(), n) for n in penalties] == [getattr(sampling, n) for n in penalties]
     assert [DEFAULTS[n] for n in GROUPS["engine"]] == [
         str(spec.verify_policy),
         spec.engine,

@@ -156,9 +156,9 @@ TURN = {"qwen3": ("<|im_start|>assistant\n", "<|im_end|>"),
 
 
 def history(messages: list[dict]) -> list[dict]:
-    from specgen.serve.openai_api import _messages
+    from specgen.serve.openai_api import parse_messages
 
-    return _messages({"messages": messages})
+    return parse_messages({"messages": messages})
 
 
 @pytest.mark.parametrize("family", list(SPECIAL))

@@ -89,10 +89,12 @@ def test_defaults_and_overrides():
     [
         (dict(messages=MSG, n=2), "n"),
         (dict(messages=MSG, n=True), "n"),
-        (dict(messages=MSG, logprobs=True), "logprobs"),
+        (dict(messages=MSG, logprobs=1), "logprobs"),  # chat's is a boolean
+        (dict(messages=MSG, top_logprobs=3), "top_logprobs"),  # without logprobs: true
+        (dict(prompt="x", logprobs=6), "logprobs"),  # completions': OpenAI's 5 at most
         (dict(messages=MSG, tools=[{"type": "function"}]), "tools[0].function"),
         (dict(messages=MSG, response_format={"type": "json_object"}), "response_format"),
-        (dict(messages=MSG, presence_penalty=1), "presence_penalty"),
+        (dict(messages=MSG, presence_penalty=3), "presence_penalty"),
         (dict(messages=MSG, max_tokens=0), "max_tokens"),
         (dict(messages=MSG, max_tokens=2.5), "max_tokens"),
         (dict(messages=MSG, temperature="hot"), "temperature"),
@@ -108,7 +110,8 @@ def test_defaults_and_overrides():
         (dict(messages=[{"role": "user", "content": [{"type": "image"}]}]), "messages[0].content"),
         (dict(messages=[]), "messages"),
         (dict(prompt=None), "prompt"),
-        (dict(prompt="x", echo=True), "echo"),
+        (dict(prompt="x", echo="yes"), "echo"),
+        (dict(prompt="x", max_tokens=0), "max_tokens"),  # 0 only scores an echoed prompt
     ],
 )  # fmt: skip
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(body, param):
@@ -121,7 +124,10 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(body, param):
     "field, value, option",
     [("temperature", 2.5, "--temperature"), ("temperature", 1e-300, "--temperature"),
      ("top_p", 0.0, "--top-p"), ("top_k", -2, "--top-k"),
-     ("seed", 2**64, "--seed"), ("max_tokens", 0, "--max-new-tokens")],
+     ("seed", 2**64, "--seed"), ("max_tokens", 0, "--max-new-tokens"),
+     ("presence_penalty", 2.5, "--presence-penalty"),
+     ("frequency_penalty", -3.0, "--frequency-penalty"),
+     ("repetition_penalty", 0.0, "--repetition-penalty")],
 )  # fmt: skip
 def test_the_server_holds_requests_to_the_command_lines_rule(field, value, option):
     """One rule in the library: a request's field and the option that sets its default are

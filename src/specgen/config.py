@@ -25,6 +25,12 @@ MAX_TEMPERATURE = 2.0
 # 1e-300 is 0 there: the softmax was NaN, a 500 from the server)
 MIN_TEMPERATURE = 1e-4
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+# OpenAI's range for presence and frequency penalties
+PENALTY_RANGE = (-2.0, 2.0)
+# the repetition penalty divides (multiplies) logits: near 0 a logit overflows fp32, and
+# past 100 every seen token is out of reach anyway
+REPETITION_RANGE = (0.01, 100.0)
+MAX_LOGPROBS = 20  # the likeliest tokens reported per position (OpenAI's chat limit)
 
 
 @dataclass(frozen=True)
@@ -129,16 +135,32 @@ class ModelArgs:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen from the target's logits.
+    """How the next token is chosen from the target's logits, and what is reported of them.
 
     temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 disable those filters; they
     are applied in transformers' order: temperature, then top-k, then top-p.
+
+    Penalties change the logits first (vLLM's definitions and order; verify/penalties.py):
+    `repetition_penalty` (1: off) divides the positive logits and multiplies the negative
+    ones of every token in the prompt or the answer so far; `frequency_penalty` subtracts
+    itself once per time a token is in the answer so far, `presence_penalty` once if it is
+    there at all (OpenAI's). Greedy decoding takes the argmax of the penalised logits.
+
+    `logprobs` (None: off) reports each answer token's log-probability and the `logprobs`
+    likeliest tokens' (0: the chosen token's only), from the target's raw distribution:
+    log_softmax of its logits before penalties, temperature and filters (vLLM's default,
+    `raw_logprobs`), so they do not depend on how the token was chosen. A stop token that
+    ends the answer is reported too, after the answer's tokens (vLLM's and OpenAI's way).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -153,10 +175,27 @@ class SamplingParams:
             raise OptionError("top_p", "must be in (0, 1]", self.top_p)
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise OptionError("seed", "must be a 64-bit integer", self.seed)
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not low <= getattr(self, name) <= high:  # NaN fails too
+                raise OptionError(name, f"must be in [{low:g}, {high:g}]", getattr(self, name))
+        low, high = REPETITION_RANGE
+        if not low <= self.repetition_penalty <= high:
+            rule = f"must be in [{low:g}, {high:g}] (1: off)"
+            raise OptionError("repetition_penalty", rule, self.repetition_penalty)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise OptionError("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty changes the logits."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
 
 
 def checked_max_new_tokens(n: int) -> int:

@@ -12,6 +12,16 @@ FINISH_REASONS = ("stop", "length", "context")
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the target's raw distribution (log_softmax of its
+    logits at that position), and the likeliest tokens' there, likeliest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob) pairs
+
+
+@dataclass(frozen=True)
 class StepEvent:
     tokens: tuple[int, ...]  # committed this step, already cut at a stop token
     verified: int = 0  # draft tokens sent to verification (the verify length; 0 for AR)
@@ -21,3 +31,6 @@ class StepEvent:
     bonus: int | None = None  # the target's own token this step
     confidence: tuple[float, ...] = ()  # the drafter's c_j for each proposed token, if any
     drafter: str | None = None  # which drafter proposed (stacked mounts several)
+    # when the sampling params ask for logprobs: one per committed token, and one more
+    # for the stop token that ended the answer, if one did (else empty)
+    logprobs: tuple[TokenLogprob, ...] = ()

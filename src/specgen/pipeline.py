@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
+from specgen.config import DEFAULT_MAX_NEW_TOKENS, MAX_LOGPROBS, SamplingParams, SpecConfig
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch
 from specgen.engine.run import decode
+from specgen.engine.score import score_prompt
 from specgen.engine.session import Session
-from specgen.errors import PromptError, SpecgenError
-from specgen.events import StepEvent
+from specgen.errors import OptionError, PromptError, SpecgenError
+from specgen.events import StepEvent, TokenLogprob
 from specgen.hub import Notify
 from specgen.loader import Decoding, Target, load_decoding, load_target
 from specgen.models.transformer import Transformer
@@ -40,6 +41,11 @@ class Chunk:
     token_ids: tuple[int, ...]
     stats: GenStats  # running totals; final once stats.finish_reason is set
     draft_chars: int = 0  # text[:draft_chars] came from accepted draft tokens
+    # with SamplingParams.logprobs: one per token (and one more for the stop token that
+    # ended the answer, if one did), and the text each token added (joined: `text`; a
+    # token that ends a character spelled over several adds it whole)
+    logprobs: tuple[TokenLogprob, ...] = ()
+    token_text: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class Completion:
     text: str
     token_ids: list[int]
     stats: GenStats
+    logprobs: list[TokenLogprob] | None = None  # with SamplingParams.logprobs (see Chunk)
 
     def to_dict(self) -> dict[str, Any]:
         record = {
@@ -56,6 +63,11 @@ class Completion:
             "token_ids": self.token_ids,
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs is not None:
+            record["logprobs"] = [
+                {"token": t.token, "logprob": t.logprob, "top": [list(p) for p in t.top]}
+                for t in self.logprobs
+            ]
         if self.stats.trace is not None:
             record["trace"] = self.stats.trace
         return record
@@ -296,6 +308,19 @@ class Pipeline:
         if self._watch is not None:  # an answer that ran to its end: its steps judge costs
             self._watch.after(stats, self.schedulers, session.scheduler)
 
+    def prompt_logprobs(
+        self, prompt_ids: list[int], *, top: int = 0, session: Session | None = None
+    ) -> list[TokenLogprob]:
+        """The target's logprob of each token of `prompt_ids` after the first, given the
+        tokens before it, with the `top` likeliest tokens at each position (raw
+        distribution, as `SamplingParams.logprobs`). One prefill of the whole prompt: the
+        session then holds it, so answering the same prompt next prefills one token."""
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise OptionError("logprobs", f"must be in [0, {MAX_LOGPROBS}]", top)
+        if not prompt_ids:
+            raise PromptError("empty prompt")
+        return score_prompt(session or self.session, list(prompt_ids), top)
+
     def generate(
         self,
         prompt: Prompt,
@@ -308,6 +333,7 @@ class Pipeline:
     ) -> Completion:
         """Generate to completion (same options as `stream`)."""
         ids: list[int] = []
+        logprobs: list[TokenLogprob] = []
         stats = GenStats()
         chunks = self.stream(
             prompt,
@@ -319,14 +345,24 @@ class Pipeline:
         )
         for chunk in chunks:
             ids.extend(chunk.token_ids)
+            logprobs.extend(chunk.logprobs)
             stats = chunk.stats
-        return Completion(prompt, self.codec.decode(ids), ids, stats)
+        asked = sampling is not None and sampling.logprobs is not None
+        return Completion(prompt, self.codec.decode(ids), ids, stats, logprobs if asked else None)
 
 
 def _chunk(event: StepEvent, detok: Detokenizer, stats: GenStats) -> Chunk:
     """A step's text: accepted drafts first, then the target's own token, so views can
-    colour them apart."""
+    colour them apart. With logprobs, token by token, so each token's text is known."""
     drafts = min(event.accepted, len(event.tokens))
+    if event.logprobs:
+        pieces = [detok.push([token]) for token in event.tokens]
+        tail = detok.flush() if event.finish is not None else ""
+        if pieces:  # the held end of a character belongs to the last token
+            pieces[-1], tail = pieces[-1] + tail, ""
+        drafted = sum(len(p) for p in pieces[:drafts])
+        text = "".join(pieces) + tail
+        return Chunk(text, event.tokens, stats, drafted, event.logprobs, tuple(pieces))
     drafted_text = detok.push(list(event.tokens[:drafts])) if drafts else ""
     text = drafted_text + detok.push(list(event.tokens[drafts:]))
     if event.finish is not None:

@@ -35,8 +35,9 @@ Examples:
 @run_options(
     "model", "sampling", "engine", "target", "output", "runtime",
     # its own --methods and --drafter choose what runs; it samples by --temperature
-    # alone; no live view to colour
-    without=("top_p", "top_k", "show_drafts"),
+    # alone (as transformers' generate and endpoints are asked to); no live view to colour
+    without=("top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "show_drafts"),
     max_new_tokens=128, seed=0,
     helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
 )  # fmt: skip

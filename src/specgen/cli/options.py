@@ -137,6 +137,27 @@ class Run:
     seed: int | None = _shared(
         "sampling", SamplingParams.seed, "--seed", help="Seed for sampling (reproducible runs)."
     )
+    presence_penalty: float = _shared(
+        "sampling",
+        SamplingParams.presence_penalty,
+        "--presence-penalty",
+        help="Subtract this from the logit of every token already in the answer (OpenAI's; "
+        "-2 to 2, 0 = off).",
+    )
+    frequency_penalty: float = _shared(
+        "sampling",
+        SamplingParams.frequency_penalty,
+        "--frequency-penalty",
+        help="Subtract this once per time a token is already in the answer (OpenAI's; "
+        "-2 to 2, 0 = off).",
+    )
+    repetition_penalty: float = _shared(
+        "sampling",
+        SamplingParams.repetition_penalty,
+        "--repetition-penalty",
+        help="Divide positive logits (multiply negative ones) of tokens in the prompt or "
+        "the answer by this (vLLM's and transformers'; 1 = off).",
+    )
     # -- target: where the target runs and how it is prompted ("auto": Pipeline.load's)
     device: str = _shared("target", "auto", "--device", help="auto, cpu or cuda[:N].")
     dtype: str = _shared(
@@ -229,8 +250,10 @@ class Run:
         """Checked before anything slow happens (loading a model)."""
         checked_max_new_tokens(self.max_new_tokens)
         return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
-        )
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+        )  # fmt: skip
 
     def load(self, spec: SpecConfig | None = None) -> Pipeline:
         """The target (and drafter) these options name, reporting slow one-off work."""

@@ -43,6 +43,9 @@ DEFAULT = "Default for requests that do not set it"
         "top_p": f"{DEFAULT}.",
         "top_k": f"{DEFAULT} (0 = off).",
         "seed": f"{DEFAULT}.",
+        "presence_penalty": f"{DEFAULT} (OpenAI's, -2 to 2; 0 = off).",
+        "frequency_penalty": f"{DEFAULT} (OpenAI's, -2 to 2; 0 = off).",
+        "repetition_penalty": f"{DEFAULT} (vLLM's: over prompt and answer; 1 = off).",
         "quiet": "No request log or status lines: only the ready line and errors.",
         "debug": "Log tracebacks of internal errors (clients still get one line).",
     },
@@ -108,7 +111,9 @@ def serve(
         run.sampling()  # bad sampling options fail before anything loads
         defaults = Defaults(
             max_tokens=run.max_new_tokens, temperature=run.temperature, top_p=run.top_p,
-            top_k=run.top_k, seed=run.seed, think=run.think,
+            top_k=run.top_k, seed=run.seed, presence_penalty=run.presence_penalty,
+            frequency_penalty=run.frequency_penalty, repetition_penalty=run.repetition_penalty,
+            think=run.think,
         )  # fmt: skip
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,

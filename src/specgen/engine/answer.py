@@ -38,3 +38,10 @@ class Answer:
         if finish is None and free == 0:
             finish = "context"
         return tuple(kept), finish
+
+
+def reported(step: list[int], kept: tuple[int, ...], finish: str | None) -> list[int]:
+    """The tokens whose logprobs a step reports: those it kept, and the stop token that
+    ended the answer (not part of it, but chosen at its position: vLLM and OpenAI report
+    it too, and lm-eval counts on one entry per new token)."""
+    return step[: len(kept) + (finish == "stop")]

@@ -7,15 +7,17 @@ stops exactly at a stop token (not emitted), at `max_new_tokens`, or at the cont
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from specgen.config import SamplingParams
-from specgen.engine.answer import Answer
+from specgen.engine.answer import Answer, reported
 from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import Transformer
+from specgen.verify.logprobs import logprobs_of
+from specgen.verify.penalties import Penalties, penalised
 from specgen.verify.sampling import make_generator, sample
 
 
@@ -29,8 +31,10 @@ def generate_ar(
     max_new_tokens: int,
     stop_ids: frozenset[int],
     lookahead: bool | None = None,
+    history: Sequence[int] = (),
 ) -> Iterator[StepEvent]:
-    """Prefill `new_ids` after what `cache` already holds, then decode token by token.
+    """Prefill `new_ids` after what `cache` already holds (`history`: those tokens, which
+    the repetition penalty counts as prompt), then decode token by token.
 
     `lookahead` (default: on CUDA) enqueues the forward of token N before the host reads
     token N back, so the device computes step N+1 while the host waits for, checks and
@@ -43,9 +47,12 @@ def generate_ar(
     generator = make_generator(params, model.device)
     answer = Answer(max_new_tokens, stop_ids)
     tokens = torch.tensor([new_ids], dtype=torch.long, device=model.device)
-    logits = model(tokens, cache, num_logits=1).logits[:, -1]
-    token = sample(logits, params, generator)
+    logits = model(tokens, cache, num_logits=1).logits[:, -1]  # [1, V]
+    penalties = Penalties.start(params, [*history, *new_ids], logits)
+    token = sample(penalised(penalties, logits), params, generator)
     while True:
+        if penalties is not None:  # counted before the next token is chosen
+            penalties.count(token)
         ahead = None
         if lookahead and answer.room > 0 and cache.free > 0:
             ahead = model(token.view(1, 1), cache).logits[:, -1]  # queued behind the sample
@@ -54,9 +61,11 @@ def generate_ar(
         committed, finish = answer.commit([tid], cache.free if ahead is None else 1)
         if finish == "stop" and ahead is not None:  # the stop token's forward ran ahead
             cache.rollback(cache.length - 1)
-        yield StepEvent(tokens=committed, finish=finish, bonus=tid)
+        logprobs = logprobs_of(logits, reported([tid], committed, finish), params.logprobs)
+        yield StepEvent(tokens=committed, finish=finish, bonus=tid, logprobs=logprobs)
         if finish is not None:
             return
         if ahead is None:
             ahead = model(token.view(1, 1), cache).logits[:, -1]
-        token = sample(ahead, params, generator)
+        logits = ahead
+        token = sample(penalised(penalties, logits), params, generator)

@@ -19,19 +19,21 @@ output has the target's distribution.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from specgen.config import SamplingParams
 from specgen.draft import Draft, empty_draft
 from specgen.drafting.base import Drafter
-from specgen.engine.answer import Answer
+from specgen.engine.answer import Answer, reported
 from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
+from specgen.verify.logprobs import logprobs_of
+from specgen.verify.penalties import Penalties, penalised
 from specgen.verify.sampling import make_generator, sample
 
 
@@ -47,18 +49,26 @@ def prefill(
     new_ids: list[int],
     params: SamplingParams,
     answer: Answer,
-) -> tuple[torch.Generator, torch.Tensor, StepEvent]:
-    """Prefill `new_ids` (the drafter observes them) and draw the first token: the
-    request's generator, the first token as the anchor on the device [1, 1], and the
-    first step's event (its `bonus` is the anchor)."""
+    history: Sequence[int] = (),
+) -> tuple[torch.Generator, torch.Tensor, StepEvent, Penalties | None]:
+    """Prefill `new_ids` (the drafter observes them) after `history` (what the cache already
+    holds) and draw the first token: the request's generator, the first token as the
+    anchor on the device [1, 1], the first step's event (its `bonus` is the anchor), and
+    the answer's penalty counts (None: no penalties)."""
     generator = make_generator(params, model.device)
     ids = torch.tensor([new_ids], device=model.device)
     out = model(ids, cache, taps=drafter.taps, num_logits=1)
     drafter.observe(new_ids, out.taps)
-    first = sample(out.logits[:, -1], params, generator)
+    logits = out.logits[:, -1]  # [1, V]
+    penalties = Penalties.start(params, [*history, *new_ids], logits)
+    first = sample(penalised(penalties, logits), params, generator)
+    if penalties is not None:
+        penalties.count(first)
     anchor = int(first)  # sync: first token
     tokens, finish = answer.commit([anchor], cache.free)
-    return generator, first.view(1, 1), StepEvent(tokens=tokens, finish=finish, bonus=anchor)
+    logprobs = logprobs_of(logits, reported([anchor], tokens, finish), params.logprobs)
+    event = StepEvent(tokens=tokens, finish=finish, bonus=anchor, logprobs=logprobs)
+    return generator, first.view(1, 1), event, penalties
 
 
 def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, context: int) -> int:
@@ -83,16 +93,21 @@ def generate_speculative(
     max_new_tokens: int,
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
+    history: Sequence[int] = (),
 ) -> Iterator[StepEvent]:
-    """Prefill `new_ids` after what `cache` (and `drafter`) already hold, then speculate.
+    """Prefill `new_ids` after what `cache` (and `drafter`) already hold (`history`: those
+    tokens, for the repetition penalty), then speculate.
 
     `scheduler`, if given, plans each draft and shortens it to the verify length with the
     best expected tokens per second (from earlier steps only); without it every draft is
-    verified whole.
+    verified whole. Penalties apply to every verified row as plain decoding would apply
+    them (verify/penalties.py); logprobs come from the same rows, unpenalised.
     """
     device = model.device
     answer = Answer(max_new_tokens, stop_ids)
-    generator, anchor_t, first = prefill(model, cache, drafter, new_ids, params, answer)
+    generator, anchor_t, first, penalties = prefill(
+        model, cache, drafter, new_ids, params, answer, history
+    )
     yield first
     anchor, finish = first.bonus, first.finish
     while finish is None:
@@ -109,20 +124,24 @@ def generate_speculative(
         drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
         block = torch.cat([anchor_t, drafts], dim=1)
         out = model(block, cache, taps=drafter.taps)
+        scored = penalised(penalties, out.logits, drafts)  # [1, k+1, V]
         verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         if verified:
-            verdict = verify_draft(out.logits, draft, params, generator)
+            verdict = verify_draft(scored, draft, params, generator)
             bonus_t = verdict.bonus[:1].view(1, 1)
             accepted, bonus = int(verdict.accepted[0]), int(verdict.bonus[0])  # sync
         else:  # nothing to verify: a plain decoding step
-            bonus_t = sample(out.logits[:, -1], params, generator).view(1, 1)
+            bonus_t = sample(scored[:, -1], params, generator).view(1, 1)
             accepted, bonus = 0, int(bonus_t)  # sync
+        if penalties is not None:
+            penalties.commit(drafts[0], accepted, bonus_t)
         if scheduler is not None:
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
         kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
         drafter.observe([anchor, *verified[:accepted]], kept)
-        tokens, finish = answer.commit([*verified[:accepted], bonus], cache.free)
+        step = [*verified[:accepted], bonus]
+        tokens, finish = answer.commit(step, cache.free)
         yield StepEvent(
             tokens=tokens,
             verified=len(verified),
@@ -132,5 +151,7 @@ def generate_speculative(
             bonus=bonus,
             confidence=_confidences(proposal),
             drafter=proposal.source,
+            # row i of the verify pass: the distribution token i was chosen from
+            logprobs=logprobs_of(out.logits[0], reported(step, tokens, finish), params.logprobs),
         )
         anchor, anchor_t = bonus, bonus_t

@@ -23,7 +23,7 @@ Host syncs: the prefill's first token, and per step the event of the step before
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,13 +32,15 @@ import torch
 from specgen.config import SamplingParams
 from specgen.draft import Draft, empty_draft
 from specgen.drafting.base import ResidentDrafter
-from specgen.engine.answer import Answer
+from specgen.engine.answer import Answer, reported
 from specgen.engine.loop import draft_room, prefill
 from specgen.events import StepEvent
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
+from specgen.verify.logprobs import RowLogprobs, row_logprobs
+from specgen.verify.penalties import penalised
 from specgen.verify.sampling import sample
 
 
@@ -57,12 +59,18 @@ class StaticForward(Protocol):
 class _HostCopy:
     """Device tensors copied to the host without waiting; `wait` when they are needed."""
 
-    def __init__(self, ids: torch.Tensor, confidence: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        ids: torch.Tensor,
+        confidence: torch.Tensor | None,
+        logprobs: RowLogprobs | None = None,
+    ) -> None:
         # non_blocking from CUDA lands in pinned memory; the event says when it is there
         self.ids = ids.to("cpu", non_blocking=True)
         self.confidence = None
         if confidence is not None:
             self.confidence = confidence.float().to("cpu", non_blocking=True)
+        self.logprobs = None if logprobs is None else logprobs.to_host(non_blocking=True)
         self.event = None
         if ids.is_cuda:
             self.event = torch.cuda.Event()
@@ -94,10 +102,14 @@ def generate_resident(
     max_new_tokens: int,
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
+    history: Sequence[int] = (),
 ) -> Iterator[StepEvent]:
-    """`engine.loop.generate_speculative` with the step state on the device (see above)."""
+    """`engine.loop.generate_speculative` with the step state on the device (see above);
+    the penalty counts stay there too, and logprobs ride the step's copy to the host."""
     answer = Answer(max_new_tokens, stop_ids)
-    generator, anchor_t, first = prefill(forward, cache, drafter, new_ids, params, answer)
+    generator, anchor_t, first, penalties = prefill(
+        forward, cache, drafter, new_ids, params, answer, history
+    )
     yield first
     if first.finish is not None:
         return
@@ -122,7 +134,9 @@ def generate_resident(
         length += accepted + 1  # the anchor and the accepted drafts
         cache.assume_written(length)
         drafter.assume(length)
-        tokens, finish = answer.commit([*verified[:accepted], bonus], cache.free)
+        committed = [*verified[:accepted], bonus]
+        tokens, finish = answer.commit(committed, cache.free)
+        rows = step.copy.logprobs
         return StepEvent(
             tokens=tokens,
             verified=len(verified),
@@ -132,6 +146,7 @@ def generate_resident(
             bonus=bonus,
             confidence=confidence,
             drafter=step.draft.source,
+            logprobs=() if rows is None else rows.tokens(reported(committed, tokens, finish)),
         )
 
     try:
@@ -156,16 +171,21 @@ def generate_resident(
                     draft = scheduler.trim(proposal, length, stale.get(proposal.bucket, ()))
             block = torch.cat([anchor_t, draft.tokens.to(anchor_t.dtype)], dim=1)
             out = forward.forward_static(block, cache, length_t, taps=drafter.taps)
+            drafts = draft.tokens.to(anchor_t.device)
+            scored = penalised(penalties, out.logits, drafts)
             if draft.length:
-                verdict = verify_draft(out.logits, draft, params, generator)
+                verdict = verify_draft(scored, draft, params, generator)
                 accepted_t, bonus_t = verdict.accepted[:1], verdict.bonus[:1]
             else:  # nothing to verify: a plain decoding step
-                bonus_t = sample(out.logits[:, -1], params, generator)
+                bonus_t = sample(scored[:, -1], params, generator)
                 accepted_t = torch.zeros_like(bonus_t)
+            if penalties is not None:
+                penalties.commit(drafts[0], accepted_t, bonus_t)
             drafter.observe_at(out.taps, length_t)
             ids = torch.cat([accepted_t, bonus_t, proposal.tokens[0].to(bonus_t.dtype)])
             confidence = None if proposal.confidence is None else proposal.confidence[0]
-            step = _Step(_HostCopy(ids, confidence), draft)
+            rows = _logprob_rows(out.logits[0], drafts[0], accepted_t, bonus_t, params)
+            step = _Step(_HostCopy(ids, confidence, rows), draft)
             length_t = length_t + accepted_t + 1
             anchor_t = bonus_t.view(1, 1)
             if pending is not None:  # the step before: done by now, read while this runs
@@ -180,3 +200,21 @@ def generate_resident(
         # exactly the steps handed over; a step still in flight wrote only past them
         cache.assume_written(length)
         drafter.assume(length)
+
+
+def _logprob_rows(
+    logits: torch.Tensor,  # [k+1, V] the step's raw rows
+    drafts: torch.Tensor,  # [k] verified
+    accepted: torch.Tensor,  # [1] on the device
+    bonus: torch.Tensor,  # [1]
+    params: SamplingParams,
+) -> RowLogprobs | None:
+    """Every row's logprobs for the token the step commits there (d_{i+1} before the
+    bonus's row, the bonus at it; rows past it are never read), without waiting for the
+    host to learn `accepted`."""
+    if params.logprobs is None:
+        return None
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    chosen = torch.cat([drafts.to(bonus.dtype), bonus])
+    chosen = torch.where(rows == accepted, bonus, chosen)
+    return row_logprobs(logits, chosen, params.logprobs)

@@ -32,9 +32,12 @@ def decode(
     (engine/overlap.py); else one step at a time. `resident`: a drafter that can be driven
     with its state on the device runs the device-resident loop (engine/resident.py)."""
     drafter = session.drafter
+    history = list(session.ids)  # the prompt's part the cache already holds
 
     def steps() -> Iterator[StepEvent]:
-        limits = dict(params=params, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+        limits = dict(
+            params=params, max_new_tokens=max_new_tokens, stop_ids=stop_ids, history=history
+        )
         if drafter is None:
             return generate_ar(session.forward, session.cache, new_ids, **limits)
         if resident and drafter.resident:

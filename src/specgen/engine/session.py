@@ -29,6 +29,7 @@ class Session:
         # keeps recurrent state for that)
         max_tokens = 1 + (drafter.max_draft_tokens if drafter is not None else 0)
         self.cache = model.new_cache(capacity, steps=max_tokens)
+        self.device = model.device
         # what the decoding loops call for target forwards: the model itself, or its decode
         # and verify steps as CUDA graphs bound to this session's cache
         self.forward: Transformer | GraphedForward = model

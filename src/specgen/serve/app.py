@@ -32,8 +32,10 @@ from specgen.serve import limits
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid
 from specgen.serve.log import Log
+from specgen.serve.logprobs import Entry, chat_logprobs, completion_logprobs
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults, GenRequest, Reply, parse, usage
+from specgen.serve.tokenizing import add_routes as add_tokenizer_routes
 from specgen.serve.tool_calls import Call, Content, ToolStream
 from specgen.serve.worker import Delta, Failed, Job, Overloaded, Worker
 
@@ -140,6 +142,7 @@ def build_app(service: Service) -> FastAPI:
         async def page() -> FileResponse:
             return FileResponse(STATIC / "index.html")
 
+    add_tokenizer_routes(app, lambda: service.pipes[service.methods[0]], service)
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return GuardedApp(app, service)
@@ -173,13 +176,18 @@ async def answer(service: Service, request: Request, *, chat: bool) -> Response:
     ids, rendered = await loop.run_in_executor(service.encoder, _encode, pipe, req)
     if len(ids) >= pipe.context:
         raise _context_exceeded(str(len(ids)), pipe.context, "messages" if chat else "prompt")
+    if rendered is not None and req.sampling.logprobs is not None:
+        raise invalid(
+            "logprobs are not supported with tools or tool messages", "logprobs",
+            "unsupported_value",
+        )  # fmt: skip
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
         req.method, ids, req.sampling, req.max_tokens, req.stops,
         post=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         text_of=tooling.special_text(pipe.codec) if rendered and rendered.fmt
         and rendered.fmt.keeps_special else None,
-        ignore_eos=req.ignore_eos,
+        ignore_eos=req.ignore_eos, echo=req.echo,
     )  # fmt: skip
     try:
         service.worker.submit(job)
@@ -279,11 +287,13 @@ async def _whole(
 
     watcher = asyncio.create_task(watch())
     text: list[str] = []
+    entries: list[Entry] = []
     try:
         while True:
             event = await events.get()
             if isinstance(event, Delta):
                 text.append(event.text)
+                entries += event.logprobs
             elif isinstance(event, Failed):
                 raise event.error
             else:
@@ -293,7 +303,8 @@ async def _whole(
                     read = calls.push(answer) + calls.flush()
                     answer = "".join(e.text for e in read if isinstance(e, Content))
                     found = [e for e in read if isinstance(e, Call)]
-                body = reply.whole(answer, event.finish, usage(*event.usage), event.spec)
+                shown = _logprobs(reply, job, entries)
+                body = reply.whole(answer, event.finish, usage(*event.usage), event.spec, shown)
                 if found:
                     tooling.with_calls(body, found)
                 return JSONResponse(body)
@@ -315,7 +326,8 @@ async def _stream(
             event = await events.get()
             if isinstance(event, Delta):
                 if calls is None:
-                    yield _sse(reply.chunk(event.text, spec=event.spec))
+                    shown = _logprobs(reply, job, event.logprobs)
+                    yield _sse(reply.chunk(event.text, spec=event.spec, logprobs=shown))
                 else:
                     for read in calls.push(event.text):
                         yield _sse(tooling.streamed(reply, read, event))
@@ -335,6 +347,13 @@ async def _stream(
             return
     finally:
         job.cancel.set()  # the client left (or the stream ended): stop at the next step
+
+
+def _logprobs(reply: Reply, job: Job, entries: list[Entry] | tuple[Entry, ...]) -> dict | None:
+    """A choice's `logprobs` in the shape of its route (None when not asked for)."""
+    if job.sampling.logprobs is None:
+        return None
+    return chat_logprobs(entries) if reply.chat else completion_logprobs(entries)
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
 """OpenAI's request fields in, `GenRequest` out; and the response bodies back.
 
 Fields specgen implements are checked for type and range (a 400 naming the field).
-Harmless fields it does not implement (`user`, `logprobs: false`, penalties of 0, ...) are
+Harmless fields it does not implement (`user`, `logit_bias: {}`, `n: 1`, ...) are
 accepted and ignored, as are unknown ones (clients send many); a field it cannot honour
-with the value given (`n: 2`, `logprobs: true`, `tools`, ...) is a 400 naming it, rather
-than an answer that silently ignores what was asked.
+with the value given (`n: 2`, `logit_bias` with entries, ...) is a 400 naming it, rather
+than an answer that silently ignores what was asked. Logprobs (chat `logprobs` +
+`top_logprobs` up to 20; completions `logprobs` up to 5, `echo`) and penalties are the
+library's (`SamplingParams`); the shapes they come back in: serve/logprobs.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, checked_max_new_tokens
 from specgen.errors import OptionError
 from specgen.serve.errors import invalid
+from specgen.serve.logprobs import MAX_COMPLETION_LOGPROBS
 from specgen.serve.tools import TOOL_FIELDS, Tools, parse_tools, tool_calls_of
 
 Messages = list[dict[str, Any]]
@@ -26,11 +29,6 @@ API_NAMES = {"max_new_tokens": "max_tokens"}  # the library's option -> the requ
 # field -> the values that change nothing (anything else cannot be honoured: a 400)
 HARMLESS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
     "logit_bias": (None, {}),
     "tools": (None, []),
     "functions": (None, []),
@@ -42,7 +40,8 @@ HARMLESS: dict[str, tuple[Any, ...]] = {
     "min_tokens": (None, 0),
     "ignore_eos": (None, False),
 }
-COMPLETION_HARMLESS = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+COMPLETION_HARMLESS = {"best_of": (None, 1), "suffix": (None, "")}
+PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,9 @@ class Defaults:
     top_p: float = SamplingParams.top_p
     top_k: int = SamplingParams.top_k
     seed: int | None = SamplingParams.seed
+    presence_penalty: float = SamplingParams.presence_penalty
+    frequency_penalty: float = SamplingParams.frequency_penalty
+    repetition_penalty: float = SamplingParams.repetition_penalty
     think: bool | None = None
 
 
@@ -70,6 +72,7 @@ class GenRequest:
     think: bool | None
     tools: Tools | None = None  # chat with tools offered (serve/tools.py)
     ignore_eos: bool = False  # vLLM's: run to max_tokens whatever the model says
+    echo: bool = False  # completions: the prompt's text (and logprobs) before the answer's
 
 
 def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]) -> GenRequest:
@@ -86,21 +89,26 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
                 name,
                 "unsupported_value",
             )
-    prompt = _messages(body) if chat else _prompt(body)
+    prompt = parse_messages(body) if chat else _prompt(body)
     tools = parse_tools(body) if chat else None
     max_tokens = _field(body, "max_completion_tokens", int)
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int)
-    temperature = _field(body, "temperature", float, defaults.temperature)
-    top_p = _field(body, "top_p", float, defaults.top_p)
-    top_k = _field(body, "top_k", int, defaults.top_k)
-    seed = _field(body, "seed", int, defaults.seed)
+    echo = False if chat else bool(_field(body, "echo", bool, False))
+    logprobs, logprobs_name = _logprobs(body, chat)
+    settings = dict(
+        temperature=_field(body, "temperature", float, defaults.temperature),
+        top_p=_field(body, "top_p", float, defaults.top_p),
+        top_k=_field(body, "top_k", int, defaults.top_k),
+        seed=_field(body, "seed", int, defaults.seed),
+        **{name: _field(body, name, float, getattr(defaults, name)) for name in PENALTIES},
+    )
     try:  # the library's bounds, the ones the command line has: a 400 naming the field
-        if max_tokens is not None:
+        if max_tokens is not None and not (max_tokens == 0 and echo):  # 0: score the prompt
             checked_max_new_tokens(max_tokens)
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling = SamplingParams(**settings, logprobs=logprobs)
     except OptionError as e:
-        name = API_NAMES.get(e.option, e.option)
+        name = {**API_NAMES, "logprobs": logprobs_name}.get(e.option, e.option)
         raise invalid(e.said_as(name), name) from None
     stream = bool(_field(body, "stream", bool, False))
     options = _field(body, "stream_options", dict, {})
@@ -110,14 +118,33 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
         prompt=prompt,
         method=_method(body, methods),
         sampling=sampling,
-        max_tokens=max_tokens or defaults.max_tokens,
+        max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
         stops=_stops(body),
         stream=stream,
         include_usage=bool(include_usage) and stream,
         think=_think(body, defaults.think),
         tools=tools,
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
+        echo=echo,
     )
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[int | None, str]:
+    """How many likeliest tokens to report per position (None: no logprobs), and the
+    field that says it. Chat: `logprobs: true` and `top_logprobs` (0-20); completions
+    (legacy): `logprobs` (0-5; `false` or null: none)."""
+    if chat:
+        on = _field(body, "logprobs", bool, False)
+        top = _field(body, "top_logprobs", int)
+        if top and not on:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return (top or 0) if on else None, "top_logprobs"
+    if body.get("logprobs") is False:
+        return None, "logprobs"
+    top = _field(body, "logprobs", int)
+    if top is not None and not 0 <= top <= MAX_COMPLETION_LOGPROBS:
+        raise invalid(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}] (got {top})", "logprobs")
+    return top, "logprobs"
 
 
 def _same(value: Any, harmless: Any) -> bool:
@@ -154,7 +181,7 @@ def _field(body: dict, name: str, kind: type, default: Any = None, prefix: str =
     return value
 
 
-def _messages(body: dict) -> Messages:
+def parse_messages(body: dict) -> Messages:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty array of messages", "messages", "invalid_type")
@@ -283,9 +310,11 @@ class Reply:
         obj = kind + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict, spec: dict) -> dict[str, Any]:
-        """The non-streamed answer."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def whole(
+        self, text: str, finish: str, use: dict, spec: dict, logprobs: dict | None = None
+    ) -> dict[str, Any]:
+        """The non-streamed answer (`logprobs`: in serve/logprobs.py's shape for it)."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -299,9 +328,10 @@ class Reply:
         *,
         role: bool = False,
         spec: dict | None = None,
+        logprobs: dict | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk: a delta of text, or the finish (then `text` is None)."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

@@ -28,8 +28,10 @@ from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
 from specgen.serve.log import Log
+from specgen.serve.logprobs import Entry, Pending, TokenNames, echoed
 from specgen.serve.metrics import Metrics
 from specgen.serve.stops import StopCut
+from specgen.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.pipeline import Pipeline
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 class Delta:
     text: str
     spec: dict[str, Any]  # report.running: drafted_chars, totals so far
+    logprobs: tuple[Entry, ...] = ()  # the tokens whose text starts in this delta
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Job:
     # pipeline decodes it (tool calls whose markers are special tokens: serve/tools.py)
     text_of: Callable[[Any], tuple[str, int]] | None = None
     ignore_eos: bool = False  # stop tokens do not end the answer (guidellm asks it)
+    echo: bool = False  # the prompt's text (with sampling.logprobs, its logprobs) first
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -99,6 +103,7 @@ class Worker:
         self._answer_seconds = 1.0  # a running mean, for Retry-After
         self.pipes: dict[str, Pipeline] = {}
         self.metrics: Metrics | None = None
+        self._token_names: dict[int, TokenNames] = {}  # per codec: logprobs' token texts
 
     def start(self) -> dict[str, Pipeline]:
         """Load the pipelines in the worker thread; its error is raised here."""
@@ -184,6 +189,12 @@ class Worker:
             self._post(job, Done("cancelled", (len(job.prompt_ids), 0, 0), spec))
             return
         pipe = self.pipes[job.method]
+        pending = self._echo(job, pipe) if job.echo else Pending()
+        if job.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
+            spec = report.empty(job.method, len(job.prompt_ids))
+            self._post(job, Done("length", (len(job.prompt_ids), 0, 0), spec))
+            return
+        names = self._names(pipe) if job.sampling.logprobs is not None else None
         cut = StopCut(job.stops)
         extra = {"ignore_eos": True} if job.ignore_eos else {}
         stream = pipe.stream_ids(
@@ -191,14 +202,21 @@ class Worker:
         )
         stats = None
         finish = None
+
+        def send(pieces) -> None:
+            for piece in pieces:
+                running = report.running(stats, piece.drafted)
+                self._post(job, Delta(piece.text, running, pending.release(len(piece.text))))
+
         try:
             for chunk in stream:
                 stats = chunk.stats
                 text, drafted = (chunk.text, chunk.draft_chars)
                 if job.text_of is not None:
                     text, drafted = job.text_of(chunk)
-                for piece in cut.push(text, drafted):
-                    self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
+                if names is not None:
+                    pending.add(names, chunk)
+                send(cut.push(text, drafted))
                 if cut.stopped:
                     finish = "stop"
                     break
@@ -209,16 +227,37 @@ class Worker:
             stream.close()  # the pipeline settles the session (a consistent cache)
         assert stats is not None  # a stream yields the prefill's step at least
         if finish is None:
-            for piece in cut.flush():
-                self._post(job, Delta(piece.text, report.running(stats, piece.drafted)))
+            send(cut.flush())
+            rest = pending.rest()  # tokens that added no text (a stop token let through)
+            if rest:
+                self._post(job, Delta("", report.running(stats, 0), rest))
             # the context filling up is a length limit to an OpenAI client
             finish = "length" if stats.finish_reason in ("length", "context") else "stop"
         if self.metrics is not None:
             self.metrics.answer(stats, finish)
-        usage = (stats.prompt_tokens, stats.new_tokens, stats.prompt_tokens - stats.prefill_tokens)
+        cached = stats.prompt_tokens - stats.prefill_tokens
+        if job.echo and job.sampling.logprobs is not None:
+            cached = 0  # this request's own scoring pass computed the prompt, not a cache
+        usage = (stats.prompt_tokens, stats.new_tokens, cached)
         speedup = modeled_speedup(stats, pipe.costs)
         spec = report.final(stats, queue_seconds=queue_seconds, speedup=speedup)
         self._post(job, Done(finish, usage, spec))
+
+    def _echo(self, job: Job, pipe: Pipeline) -> Pending:
+        """Send the prompt's text (and with logprobs its logprobs, one prefill of the whole
+        prompt that the answer then reuses); the answer's text follows it."""
+        top = job.sampling.logprobs
+        scored = None if top is None else pipe.prompt_logprobs(job.prompt_ids, top=top)
+        names = self._names(pipe)
+        text, entries = echoed(names, pipe.codec, job.prompt_ids, scored)
+        self._post(job, Delta(text, report.running(GenStats(), 0), entries))
+        return Pending(base=len(text))
+
+    def _names(self, pipe: Pipeline) -> TokenNames:
+        names = self._token_names.get(id(pipe.codec))
+        if names is None:
+            names = self._token_names[id(pipe.codec)] = TokenNames(pipe.codec)
+        return names
 
     def _cancelled(self, job: Job) -> bool:
         return job.cancel.is_set() or self._cutting.is_set()

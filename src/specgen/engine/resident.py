@@ -162,7 +162,7 @@ def generate_resident(
             else:  # nothing to verify: a plain decoding step
                 bonus_t = sample(out.logits[:, -1], params, generator)
                 accepted_t = torch.zeros_like(bonus_t)
-            drafter.observe_at(out.taps, length_t)
+            drafter.observe_at(block, out.taps, length_t)
             ids = torch.cat([accepted_t, bonus_t, proposal.tokens[0].to(bonus_t.dtype)])
             confidence = None if proposal.confidence is None else proposal.confidence[0]
             step = _Step(_HostCopy(ids, confidence), draft)

@@ -13,16 +13,23 @@ The embedding is the target's (EAGLE's `load_emb`), unless the drafter's width d
 The head is the checkpoint's [draft_vocab, H] rows with `d2t` mapping a draft index j to
 target id j + d2t[j]; DeepSpec's full-vocabulary copy of the target's head is skipped for
 the target's own after a shape check, as DSpark's copies are.
+
+Entries run two ways: `forward` at the cache's host-side length (the sync loop), and
+`forward_static` at a position held in device memory, writing K/V with `index_copy_` and
+attending under a mask built on the device, so a CUDA graph of it replays at any length
+(the device-resident loop, drafting/eagle3_chain.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specgen.kernels.attention import attention
+from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.decoder_layer import DecoderLayer
@@ -31,8 +38,11 @@ from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
 from specgen.models.rope import rope_tables
-from specgen.models.transformer import Transformer, attention_mask
+from specgen.models.transformer import Transformer, attention_mask, device_positions
 from specgen.models.weights import DenseWeight, LinearWeight, new_weight
+
+# (layer, q, k, v, score scale) -> the attention output [1, nq, T, d], keys written first
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 
 
 class Eagle3Net(nn.Module):
@@ -46,10 +56,7 @@ class Eagle3Net(nn.Module):
         fc_norms = [new_weight(th, **w) for _ in range(taps)] if args.fc_norm else []
         self.fc_norms = nn.ParameterList(fc_norms)
         self.input_norm = new_weight(taps * th, **w) if args.norm_before_fc else None
-        self.layers = nn.ModuleList(
-            DecoderLayer(la, dtype, device, in_features=2 * h if self.fused(i) else None)
-            for i in range(la.num_layers)
-        )
+        self.layers = nn.ModuleList(self._layer(i, dtype, device) for i in range(la.num_layers))
         self.hidden_norms = nn.ParameterList(
             new_weight(h, **w) for i in range(la.num_layers) if self.fused(i)
         )
@@ -65,6 +72,10 @@ class Eagle3Net(nn.Module):
     def fused(self, layer: int) -> bool:
         """Whether this layer reads cat(embedding, hidden) (2H) rather than the hidden."""
         return layer == 0 or self.args.every_layer_fused
+
+    def _layer(self, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        la, wide = self.args.layers, 2 * self.args.layers.hidden_size if self.fused(i) else None
+        return DecoderLayer(la, dtype, device, in_features=wide)
 
     @property
     def device(self) -> torch.device:
@@ -126,24 +137,61 @@ class Eagle3Net(nn.Module):
         cache: StaticKVCache,
     ) -> torch.Tensor:  # [1, T, H] the entries' hidden outputs, fed back by a chain step
         """Run T entries at positions [cache.length, +T), causally, and commit them."""
-        la = self.args.layers
-        start, t, eps = cache.length, ids.shape[1], la.rms_norm_eps
+        start, t = cache.length, ids.shape[1]
         cos, sin = self._cos[start : start + t], self._sin[start : start + t]
         mask, causal = attention_mask(start, t, None, None, ids.device)
+
+        def attend(i, q, k, v, scale):
+            keys, values = cache.write(i, k, v)
+            return attention(q, keys, values, mask, causal, scale=scale)
+
+        def plain(i, layer, x):
+            return layer(x, cos, sin, cache, i, mask, causal)
+
+        x = self._entries(target, ids, hidden, cos, sin, attend, plain)
+        cache.commit(start + t)
+        return x
+
+    @torch.inference_mode()
+    def forward_static(
+        self,
+        target: Transformer,
+        ids: torch.Tensor,  # [1, T]
+        hidden: torch.Tensor,  # [1, T, H]
+        cache: StaticKVCache,
+        start: torch.Tensor,  # [1] int64 on the device: the first entry's position
+    ) -> torch.Tensor:  # [1, T, H]
+        """`forward` at a position in device memory, causal over [0, start + T), committing
+        nothing (the caller knows the length): no host value, no shape that depends on it."""
+        positions, length, cos, sin = device_positions(start, ids.shape[1], self._cos, self._sin)
+
+        def attend(i, q, k, v, scale):
+            cache.write_at(i, positions, k, v)
+            slot = cache.slot(i)
+            return block_attention(q, cache.k[slot], cache.v[slot], length, True, None, scale)
+
+        def plain(i, layer, x):
+            return layer.forward_static(x, cos, sin, cache, i, positions, length)
+
+        return self._entries(target, ids, hidden, cos, sin, attend, plain)
+
+    def _entries(self, target, ids, hidden, cos, sin, attend: Attend, plain) -> torch.Tensor:
+        """The layers over T entries; `attend` writes each layer's K/V and attends, `plain`
+        runs a layer that reads the hidden alone (speculators' later layers)."""
+        a = self.args
+        eps = a.layers.rms_norm_eps
         emb = (target.embed if self.embed is None else self.embed).lookup(ids)
         x = hidden
         for i, layer in enumerate(self.layers):
             if not self.fused(i):
-                x = layer(x, cos, sin, cache, i, mask, causal)
+                x = plain(i, layer, x)
                 continue
             e = rms_norm(emb, layer.attn_norm, eps)
             normed = rms_norm(x, self.hidden_norms[i], eps)
-            residual = normed if self.args.norm_before_residual and i == 0 else x
+            residual = normed if a.norm_before_residual and i == 0 else x
             q, k, v, gate = layer.qkv_of(torch.cat([e, normed], dim=-1), cos, sin)
-            keys, values = cache.write(i, k, v)
-            x = layer._output(residual, attention(q, keys, values, mask, causal), gate)
-        cache.commit(start + t)
-        return rms_norm(x, self.norm, eps) if self.args.feed_normed else x
+            x = layer._output(residual, attend(i, q, k, v, None), gate)
+        return rms_norm(x, self.norm, eps) if a.feed_normed else x
 
     def logits(self, target: Transformer, hidden: torch.Tensor) -> torch.Tensor:
         """[.., H] hidden outputs -> [.., draft_vocab] logits (draft indices)."""

@@ -82,3 +82,28 @@ def test_resident_steps_with_eagle3_on_cuda_are_the_sync_steps(
             assert session.forward.captured > 0
         want = cuda_ar.generate(prompt, max_new_tokens=32, session=cuda_ar.new_session())
         assert resident.generate(prompt, max_new_tokens=32).token_ids == want.token_ids
+
+
+def test_deepspecs_gemma_drafter_on_cuda(tiny_gemma4, tmp_path):
+    """DeepSpec's Gemma 4 EAGLE-3 on the tiny Gemma 4: the resident loop with its chains as
+    graphs makes the eager sync loop's steps, greedy (AR's output) and seeded."""
+    from gemma4_drafters_helpers import save_deepspec_eagle3
+
+    drafter = save_deepspec_eagle3(tmp_path / "g", tiny_gemma4)
+    ar = Pipeline.load(str(tiny_gemma4), device="cuda", dtype="float32")
+    spec = SpecConfig(method="eagle3", drafter=str(drafter), verify_policy="full", trace=True)
+    fast = ar.with_spec(replace(spec, cuda_graphs=True, engine="overlap"))
+    plain = ar.with_spec(replace(spec, cuda_graphs=False, engine="sync"))
+    assert fast.resident_steps and fast.method.cuda_graphs
+    for prompt in PROMPTS:
+        for params in (None, SAMPLED):
+            session = fast.new_session()
+            got = fast.generate(prompt, sampling=params, max_new_tokens=24, session=session)
+            want = plain.generate(
+                prompt, sampling=params, max_new_tokens=24, session=plain.new_session()
+            )
+            assert got.token_ids == want.token_ids and _steps(got) == _steps(want)
+            assert all(r.graph is not None for r in session.drafter.static.replays)
+        greedy = fast.generate(prompt, max_new_tokens=24, session=fast.new_session())
+        want = ar.generate(prompt, max_new_tokens=24, session=ar.new_session())
+        assert greedy.token_ids == want.token_ids

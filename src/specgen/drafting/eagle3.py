@@ -38,7 +38,7 @@ from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, regi
 from specgen.drafting.eagle3_chain import ChainSteps, pick
 from specgen.errors import SpecgenError
 from specgen.models.eagle3 import Eagle3Net, load_eagle3
-from specgen.models.eagle3_config import ARCHITECTURES, DEEPSPEC
+from specgen.models.eagle3_config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 @register("eagle3")
 class Eagle3Method(DraftMethod):
-    architectures = (*ARCHITECTURES, *DEEPSPEC, "Gemma4Eagle3Model")
+    architectures = (*ARCHITECTURES, *DEEPSPEC, *DEEPSPEC_GEMMA)
     label = "EAGLE-3"
 
     def __init__(

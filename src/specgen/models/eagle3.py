@@ -14,6 +14,11 @@ The head is the checkpoint's [draft_vocab, H] rows with `d2t` mapping a draft in
 target id j + d2t[j]; DeepSpec's full-vocabulary copy of the target's head is skipped for
 the target's own after a shape check, as DSpark's copies are.
 
+DeepSpec's Gemma 4 drafter (`Gemma4Eagle3Model`) has the same entries and chain with Gemma
+4's layer (models/gemma4_layer.py: global-layer heads, q/k/v norms, unscaled scores,
+proportional RoPE, four norms, GELU MLP, layer scalar) reading 2H in every layer; its
+embedding is the target's scaled one (sqrt(H), as Gemma's) and its logits are soft-capped.
+
 Entries run two ways: `forward` at the cache's host-side length (the sync loop), and
 `forward_static` at a position held in device memory, writing K/V with `index_copy_` and
 attending under a mask built on the device, so a CUDA graph of it replays at any length
@@ -32,8 +37,11 @@ from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.blocks import norm_weight
 from specgen.models.decoder_layer import DecoderLayer
 from specgen.models.eagle3_config import Eagle3Args, check_pair
+from specgen.models.gemma4_draft import draft_layer_shape
+from specgen.models.gemma4_layer import GemmaLayer
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
@@ -57,10 +65,9 @@ class Eagle3Net(nn.Module):
         self.fc_norms = nn.ParameterList(fc_norms)
         self.input_norm = new_weight(taps * th, **w) if args.norm_before_fc else None
         self.layers = nn.ModuleList(self._layer(i, dtype, device) for i in range(la.num_layers))
-        self.hidden_norms = nn.ParameterList(
-            new_weight(h, **w) for i in range(la.num_layers) if self.fused(i)
-        )
-        self.norm = new_weight(h, **w)
+        nw = norm_weight(la, dtype, device)  # Gemma's in fp32, as its layers' own
+        self.hidden_norms = nn.ParameterList(nw(h) for i in range(la.num_layers) if self.fused(i))
+        self.norm = nw(h)
         # the head: the checkpoint's draft rows, or (DeepSpec) the target's own
         own_head = not args.target_head
         self.lm_head: LinearWeight = DenseWeight(args.draft_vocab, h, **w) if own_head else None
@@ -75,7 +82,10 @@ class Eagle3Net(nn.Module):
 
     def _layer(self, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
         la, wide = self.args.layers, 2 * self.args.layers.hidden_size if self.fused(i) else None
-        return DecoderLayer(la, dtype, device, in_features=wide)
+        if self.args.gemma is None:
+            return DecoderLayer(la, dtype, device, in_features=wide)
+        shape = draft_layer_shape(la, self.args.gemma, i)
+        return GemmaLayer(shape, dtype, device, in_features=wide)
 
     @property
     def device(self) -> torch.device:
@@ -180,7 +190,8 @@ class Eagle3Net(nn.Module):
         runs a layer that reads the hidden alone (speculators' later layers)."""
         a = self.args
         eps = a.layers.rms_norm_eps
-        emb = (target.embed if self.embed is None else self.embed).lookup(ids)
+        # the target's embedding as its first layer sees it (Gemma's scaled by sqrt(H))
+        emb = target.embed_tokens(ids) if self.embed is None else self.embed.lookup(ids)
         x = hidden
         for i, layer in enumerate(self.layers):
             if not self.fused(i):
@@ -189,8 +200,13 @@ class Eagle3Net(nn.Module):
             e = rms_norm(emb, layer.attn_norm, eps)
             normed = rms_norm(x, self.hidden_norms[i], eps)
             residual = normed if a.norm_before_residual and i == 0 else x
-            q, k, v, gate = layer.qkv_of(torch.cat([e, normed], dim=-1), cos, sin)
-            x = layer._output(residual, attend(i, q, k, v, None), gate)
+            both = torch.cat([e, normed], dim=-1)
+            if a.gemma is not None:  # Gemma's layer: scores unscaled, no output gate
+                q, (k, v) = layer.qkv_of(both, cos, sin)
+                x = layer._output(residual, attend(i, q, k, v, 1.0))
+            else:
+                q, k, v, gate = layer.qkv_of(both, cos, sin)
+                x = layer._output(residual, attend(i, q, k, v, None), gate)
         return rms_norm(x, self.norm, eps) if a.feed_normed else x
 
     def logits(self, target: Transformer, hidden: torch.Tensor) -> torch.Tensor:
@@ -199,7 +215,10 @@ class Eagle3Net(nn.Module):
         normed = hidden if a.feed_normed or not a.logits_normed else None
         if normed is None:
             normed = rms_norm(hidden, self.norm, a.layers.rms_norm_eps)
-        return (target.lm_head if self.lm_head is None else self.lm_head)(normed)
+        logits = (target.lm_head if self.lm_head is None else self.lm_head)(normed)
+        if a.softcap is None:
+            return logits
+        return torch.tanh(logits / a.softcap) * a.softcap  # DeepSpec Gemma's final cap
 
 
 def load_eagle3(path: Path, *, target: Transformer, target_name: str, name: str) -> Eagle3Net:

@@ -22,8 +22,9 @@ draft is a fixed-shape chain (drafting/eagle3_chain.py), a CUDA graph per length
 k is the verify length the cost scheduler settled before drafting (the drafter has no
 confidences), as for DFlash. Greedy drafts are the argmax chain (a point mass). Sampling
 (temperature > 0) draws the chain from the drafter's distribution under the request's
-filters, as DeepSpec's EAGLE-3 evaluator and SpecForge's do, and hands that q to the
-shared verifier, whose rejection sampling keeps the target's distribution.
+filters, as DeepSpec's EAGLE-3 evaluator does (temperature only there; its code says it
+follows SpecForge's eval), and hands that q to the shared verifier, whose rejection
+sampling keeps the target's distribution. docs/design.md says why, with measurements.
 """
 
 from __future__ import annotations

@@ -189,3 +189,94 @@ def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A drafter's tensors by name, in fp32."""
     with safe_open(str(path / "model.safetensors"), framework="pt") as f:
         return {k: f.get_tensor(k).float() for k in f.keys()}
+
+
+def eagle3_config(
+    target: Path, *, layers: int = 1, taps: tuple[int, ...] = (0, 1, 2, 3, 4), k_eq_v: bool = True
+) -> dict:
+    """DeepSpec's `build_draft_config` for `Gemma4Eagle3Model` over the tiny target: its
+    text config copied whole, the drafter's fields written over it (as for the 12B:
+    attention_k_eq_v, one global KV head; five taps, the last layer's output not among
+    them, as `assert_no_final_target_layer` requires)."""
+    text = target_text(target)
+    cfg = json.loads(json.dumps(text))
+    cfg.update(
+        architectures=["Gemma4Eagle3Model"],
+        target_model_type="gemma4",
+        target_text_model_type=text["model_type"],
+        num_target_layers=text["num_hidden_layers"],
+        num_hidden_layers=layers,
+        layer_types=["full_attention"] * layers,
+        target_model_name_or_path="tiny-gemma4",
+        target_layer_ids=list(taps),
+        ttt_length=7,
+        step_loss_decay=0.8,
+        draft_num_hidden_layers=layers,
+        tie_word_embeddings=False,
+        attention_k_eq_v=k_eq_v,
+        num_global_key_value_heads=1,
+    )
+    return cfg
+
+
+def target_head(target: Path) -> torch.Tensor:
+    """The tiny target's LM head (untied), as stored."""
+    (file,) = target.glob("*.safetensors")
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_tensor("lm_head.weight")
+
+
+def save_deepspec_eagle3(
+    path: Path,
+    target: Path,
+    *,
+    seed: int = 0,
+    scale: float = 0.2,
+    drop: str | None = None,
+    edit: dict | None = None,
+    **config,
+) -> Path:
+    """A random `Gemma4Eagle3Model` checkpoint for the tiny target, its state dict's names:
+    `fc`, `layers.{i}.*` (q/k/v reading 2H, v_proj only without attention_k_eq_v, five
+    norms, the `layer_scalar` buffer), `norm`, and copies of the target's embedding and
+    head (`initialize_embeddings_and_head`)."""
+    cfg = eagle3_config(target, **config)
+    cfg.update(edit or {})
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * scale
+
+    h, nq, inter = cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"]
+    d, k_eq_v = cfg["global_head_dim"], cfg["attention_k_eq_v"]
+    nkv = cfg["num_global_key_value_heads"] if k_eq_v else cfg["num_key_value_heads"]
+    tensors = {
+        "fc.weight": rand(h, len(cfg["target_layer_ids"]) * h),
+        "norm.weight": 4 * (1 + rand(h)),  # logits spread out: no near-ties in the argmax
+        "embed_tokens.weight": target_embedding(target).clone(),
+        "lm_head.weight": target_head(target).clone(),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm",
+                     "pre_feedforward_layernorm", "post_feedforward_layernorm"):  # fmt: skip
+            tensors[p + f"{norm}.weight"] = 1 + rand(h)
+        tensors[p + "self_attn.q_proj.weight"] = rand(nq * d, 2 * h)
+        tensors[p + "self_attn.k_proj.weight"] = rand(nkv * d, 2 * h)
+        if not k_eq_v:
+            tensors[p + "self_attn.v_proj.weight"] = rand(nkv * d, 2 * h)
+        tensors[p + "self_attn.o_proj.weight"] = rand(h, nq * d)
+        tensors[p + "self_attn.q_norm.weight"] = 1 + rand(d)
+        tensors[p + "self_attn.k_norm.weight"] = 1 + rand(d)
+        tensors[p + "mlp.gate_proj.weight"] = rand(inter, h)
+        tensors[p + "mlp.up_proj.weight"] = rand(inter, h)
+        tensors[p + "mlp.down_proj.weight"] = rand(h, inter)
+        tensors[p + "layer_scalar"] = 0.5 + torch.rand(1, generator=gen)  # not 1: it must show
+    if drop is not None:
+        tensors.pop(drop)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    copies = ("embed_tokens.weight", "lm_head.weight")  # as the target stores them
+    tensors = {n: t if n in copies else t.to(torch.bfloat16) for n, t in tensors.items()}
+    save_file(tensors, path / "model.safetensors")
+    return path

@@ -100,14 +100,6 @@ def test_mismatched_drafters_fail_naming_both(tmp_path, target_dir, layout, kwar
     assert "D" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_deepspec_gemma_drafters_are_refused(tmp_path, target_dir):
-    path = save_eagle3(
-        tmp_path / "d", "deepspec", target=target_dir, edit={"architectures": ["Gemma4Eagle3Model"]}
-    )
-    with pytest.raises(CheckpointError, match="Gemma 4 EAGLE-3 drafters are not supported"):
-        _load(target_dir, path)
-
-
 def test_cli_another_targets_drafter_exits_2(tmp_path, target_dir):
     path = save_eagle3(tmp_path / "d", "deepspec", target=target_dir, edit={"vocab_size": 500})
     result = run("generate", "hi", "--model", str(target_dir), "--drafter", str(path), *FAST)

@@ -18,6 +18,19 @@ def test_registry_pairs_the_public_eagle3_drafters():
     assert MODELS["qwen3-4b"].drafters["eagle3"] == "deepseek-ai/eagle3_qwen3_4b_ttt7"
     assert MODELS["qwen3-14b"].drafters["eagle3"] == "deepseek-ai/eagle3_qwen3_14b_ttt7"
     assert MODELS["llama3.1-8b"].drafters["eagle3"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert MODELS["gemma-4-12b"].drafters["eagle3"] == "deepseek-ai/eagle3_gemma4_12b_ttt7"
+
+
+def test_the_gemma_eagle3_exports_with_its_notes():
+    serve = resolve_target("gemma-4-12b", "eagle3", None, None)
+    assert serve.block_size == 7 and serve.drafter == "deepseek-ai/eagle3_gemma4_12b_ttt7"
+    argv = shlex.split(launch_command("vllm", serve))
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert argv[2] == "google/gemma-4-12B-it" and config["model"] == serve.drafter
+    assert config["num_speculative_tokens"] == 7
+    said = notes("vllm", serve)
+    assert any("Gemma4Eagle3Model" in n and "unconfirmed" in n for n in said)
+    assert any('"enable_thinking": false' in n for n in said)
 
 
 def test_vllm_eagle3_drafts_a_chain():

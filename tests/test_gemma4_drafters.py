@@ -246,8 +246,10 @@ def test_the_gemma_4_12b_alias_its_stack_and_its_exports():
     entry = MODELS["gemma-4-12b"]
     assert entry.repo == "google/gemma-4-12B-it" and entry.thinking is False
     zlab, deepspec = "z-lab/gemma4-12B-it-DFlash", "deepseek-ai/dspark_gemma4_12b_block7"
-    assert entry.drafters == {"dflash": zlab, "dspark": deepspec}
-    assert checked_spec(SpecConfig(method="stacked"), "gemma-4-12b").drafter == (zlab, deepspec)
+    eagle3 = "deepseek-ai/eagle3_gemma4_12b_ttt7"
+    assert entry.drafters == {"dflash": zlab, "dspark": deepspec, "eagle3": eagle3}
+    stacked = checked_spec(SpecConfig(method="stacked"), "gemma-4-12b").drafter
+    assert stacked == (zlab, deepspec, eagle3)
     dspark = resolve_target("gemma-4-12b", "dspark", None, None)
     argv = shlex.split(launch_command("vllm", dspark))
     config = json.loads(argv[argv.index("--speculative-config") + 1])

@@ -64,7 +64,7 @@ class AnswerKeyDrafter(ResidentDrafter):
         self.drafted_at.append((int(start), self.length))  # where, and what the host knew
         return self._draft(int(start), k)
 
-    def observe_at(self, taps, start):
+    def observe_at(self, tokens, taps, start):
         pass
 
     def assume(self, length):

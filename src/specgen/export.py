@@ -155,7 +155,7 @@ def _deepspec_eagle3(drafter: str) -> bool:
         architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures")
     except (OSError, ValueError, AttributeError):
         return False
-    return "Qwen3Eagle3Model" in (architectures or [])
+    return bool({"Qwen3Eagle3Model", "Gemma4Eagle3Model"} & set(architectures or []))
 
 
 def _gemma(target: str) -> bool:
@@ -203,8 +203,9 @@ def notes(engine: str, serve: ServeTarget) -> list[str]:
         )
     if serve.method == "eagle3" and _deepspec_eagle3(serve.drafter):
         out.append(
-            "DeepSpec's EAGLE-3 drafters (Qwen3Eagle3Model: 5 taps, full vocabulary) are "
-            "DeepSpec's own format; whether this engine loads them is unconfirmed"
+            "DeepSpec's EAGLE-3 drafters (Qwen3Eagle3Model, Gemma4Eagle3Model: 5 taps, full "
+            "vocabulary) are DeepSpec's own format; whether this engine loads them is "
+            "unconfirmed"
         )
     if engine == "vllm" and serve.method == "dspark":
         out.append(

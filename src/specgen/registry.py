@@ -11,8 +11,8 @@ DSpark class without heads and run with `--drafter` (their config names the clas
 (same data, so the same thinking mode) and SafeAILab's for Llama 3.1; the other public
 EAGLE-3 checkpoints run with `--drafter` (README "Models": RedHatAI's speculators-format
 `RedHatAI/Qwen3-8B-speculator.eagle3`, `RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3`,
-Tencent's `AngelSlim/Qwen3-4B_eagle3`). DeepSpec's `eagle3_gemma4_12b_ttt7` is not listed:
-its Gemma 4 EAGLE-3 layers are not implemented yet.
+Tencent's `AngelSlim/Qwen3-4B_eagle3`); DeepSpec's `eagle3_gemma4_12b_ttt7` is its Gemma 4
+layout (`Gemma4Eagle3Model`, the one EAGLE-3 layout Gemma 4 targets take here).
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ MODELS: dict[str, ModelEntry] = {
             drafters={
                 "dflash": "z-lab/gemma4-12B-it-DFlash",  # sic: no hyphen in "gemma4"
                 "dspark": "deepseek-ai/dspark_gemma4_12b_block7",
+                "eagle3": "deepseek-ai/eagle3_gemma4_12b_ttt7",
             },
             thinking=False,
         ),

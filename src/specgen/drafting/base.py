@@ -112,8 +112,15 @@ class ResidentDrafter(Drafter, Protocol):
         ...
 
     @abstractmethod
-    def observe_at(self, taps: Mapping[int, torch.Tensor], start: torch.Tensor) -> None:
-        """Every verified position's features, written from `start` ([1] on the device)."""
+    def observe_at(
+        self,
+        tokens: torch.Tensor,  # [1, T] int64 on the device: the verified block [anchor, drafts]
+        taps: Mapping[int, torch.Tensor],  # [1, T, H] each: the block's hidden states
+        start: torch.Tensor,  # [1] int64 on the device: the block's first position
+    ) -> None:
+        """Every verified position's tokens and features, written from `start` (some are
+        rejected: `assume` later says how many count). A drafter that pairs features with
+        the next token (EAGLE-3) needs the tokens; block drafters read only the features."""
 
     @abstractmethod
     def assume(self, length: int) -> None:

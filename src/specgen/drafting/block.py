@@ -138,7 +138,9 @@ class BlockDrafter(ResidentDrafter):
     def begin_resident(self) -> None:
         self.context.ready()  # what waits is projected now; `observe_at` writes the rest
 
-    def observe_at(self, taps: Mapping[int, torch.Tensor], start: torch.Tensor) -> None:
+    def observe_at(
+        self, tokens: torch.Tensor, taps: Mapping[int, torch.Tensor], start: torch.Tensor
+    ) -> None:
         self.context.write_at(self._features(taps), start)
 
     def assume(self, length: int) -> None:

@@ -206,9 +206,11 @@ class StackedDrafter(ResidentDrafter):
         draft = self._resident()[chosen].draft_at(anchor, start, k, params, generator)
         return self._mark(draft, chosen)
 
-    def observe_at(self, taps: Mapping[int, torch.Tensor], start: torch.Tensor) -> None:
+    def observe_at(
+        self, tokens: torch.Tensor, taps: Mapping[int, torch.Tensor], start: torch.Tensor
+    ) -> None:
         for d in self._resident():
-            d.observe_at({i: taps[i] for i in d.taps}, start)
+            d.observe_at(tokens, {i: taps[i] for i in d.taps}, start)
 
     def assume(self, length: int) -> None:
         for d in self._resident():

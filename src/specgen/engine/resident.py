@@ -181,7 +181,7 @@ def generate_resident(
                 accepted_t = torch.zeros_like(bonus_t)
             if penalties is not None:
                 penalties.commit(drafts[0], accepted_t, bonus_t)
-            drafter.observe_at(out.taps, length_t)
+            drafter.observe_at(block, out.taps, length_t)
             ids = torch.cat([accepted_t, bonus_t, proposal.tokens[0].to(bonus_t.dtype)])
             confidence = None if proposal.confidence is None else proposal.confidence[0]
             rows = _logprob_rows(out.logits[0], drafts[0], accepted_t, bonus_t, params)

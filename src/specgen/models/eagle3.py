@@ -13,26 +13,44 @@ The embedding is the target's (EAGLE's `load_emb`), unless the drafter's width d
 The head is the checkpoint's [draft_vocab, H] rows with `d2t` mapping a draft index j to
 target id j + d2t[j]; DeepSpec's full-vocabulary copy of the target's head is skipped for
 the target's own after a shape check, as DSpark's copies are.
+
+DeepSpec's Gemma 4 drafter (`Gemma4Eagle3Model`) has the same entries and chain with Gemma
+4's layer (models/gemma4_layer.py: global-layer heads, q/k/v norms, unscaled scores,
+proportional RoPE, four norms, GELU MLP, layer scalar) reading 2H in every layer; its
+embedding is the target's scaled one (sqrt(H), as Gemma's) and its logits are soft-capped.
+
+Entries run two ways: `forward` at the cache's host-side length (the sync loop), and
+`forward_static` at a position held in device memory, writing K/V with `index_copy_` and
+attending under a mask built on the device, so a CUDA graph of it replays at any length
+(the device-resident loop, drafting/eagle3_chain.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specgen.kernels.attention import attention
+from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.blocks import norm_weight
 from specgen.models.decoder_layer import DecoderLayer
 from specgen.models.eagle3_config import Eagle3Args, check_pair
+from specgen.models.gemma4_draft import draft_layer_shape
+from specgen.models.gemma4_layer import GemmaLayer
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
 from specgen.models.rope import rope_tables
-from specgen.models.transformer import Transformer, attention_mask
+from specgen.models.transformer import Transformer, attention_mask, device_positions
 from specgen.models.weights import DenseWeight, LinearWeight, new_weight
+
+# (layer, q, k, v, score scale) -> the attention output [1, nq, T, d], keys written first
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 
 
 class Eagle3Net(nn.Module):
@@ -46,14 +64,10 @@ class Eagle3Net(nn.Module):
         fc_norms = [new_weight(th, **w) for _ in range(taps)] if args.fc_norm else []
         self.fc_norms = nn.ParameterList(fc_norms)
         self.input_norm = new_weight(taps * th, **w) if args.norm_before_fc else None
-        self.layers = nn.ModuleList(
-            DecoderLayer(la, dtype, device, in_features=2 * h if self.fused(i) else None)
-            for i in range(la.num_layers)
-        )
-        self.hidden_norms = nn.ParameterList(
-            new_weight(h, **w) for i in range(la.num_layers) if self.fused(i)
-        )
-        self.norm = new_weight(h, **w)
+        self.layers = nn.ModuleList(self._layer(i, dtype, device) for i in range(la.num_layers))
+        nw = norm_weight(la, dtype, device)  # Gemma's in fp32, as its layers' own
+        self.hidden_norms = nn.ParameterList(nw(h) for i in range(la.num_layers) if self.fused(i))
+        self.norm = nw(h)
         # the head: the checkpoint's draft rows, or (DeepSpec) the target's own
         own_head = not args.target_head
         self.lm_head: LinearWeight = DenseWeight(args.draft_vocab, h, **w) if own_head else None
@@ -65,6 +79,13 @@ class Eagle3Net(nn.Module):
     def fused(self, layer: int) -> bool:
         """Whether this layer reads cat(embedding, hidden) (2H) rather than the hidden."""
         return layer == 0 or self.args.every_layer_fused
+
+    def _layer(self, i: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        la, wide = self.args.layers, 2 * self.args.layers.hidden_size if self.fused(i) else None
+        if self.args.gemma is None:
+            return DecoderLayer(la, dtype, device, in_features=wide)
+        shape = draft_layer_shape(la, self.args.gemma, i)
+        return GemmaLayer(shape, dtype, device, in_features=wide)
 
     @property
     def device(self) -> torch.device:
@@ -126,24 +147,67 @@ class Eagle3Net(nn.Module):
         cache: StaticKVCache,
     ) -> torch.Tensor:  # [1, T, H] the entries' hidden outputs, fed back by a chain step
         """Run T entries at positions [cache.length, +T), causally, and commit them."""
-        la = self.args.layers
-        start, t, eps = cache.length, ids.shape[1], la.rms_norm_eps
+        start, t = cache.length, ids.shape[1]
         cos, sin = self._cos[start : start + t], self._sin[start : start + t]
         mask, causal = attention_mask(start, t, None, None, ids.device)
-        emb = (target.embed if self.embed is None else self.embed).lookup(ids)
+
+        def attend(i, q, k, v, scale):
+            keys, values = cache.write(i, k, v)
+            return attention(q, keys, values, mask, causal, scale=scale)
+
+        def plain(i, layer, x):
+            return layer(x, cos, sin, cache, i, mask, causal)
+
+        x = self._entries(target, ids, hidden, cos, sin, attend, plain)
+        cache.commit(start + t)
+        return x
+
+    @torch.inference_mode()
+    def forward_static(
+        self,
+        target: Transformer,
+        ids: torch.Tensor,  # [1, T]
+        hidden: torch.Tensor,  # [1, T, H]
+        cache: StaticKVCache,
+        start: torch.Tensor,  # [1] int64 on the device: the first entry's position
+    ) -> torch.Tensor:  # [1, T, H]
+        """`forward` at a position in device memory, causal over [0, start + T), committing
+        nothing (the caller knows the length): no host value, no shape that depends on it."""
+        positions, length, cos, sin = device_positions(start, ids.shape[1], self._cos, self._sin)
+
+        def attend(i, q, k, v, scale):
+            cache.write_at(i, positions, k, v)
+            slot = cache.slot(i)
+            return block_attention(q, cache.k[slot], cache.v[slot], length, True, None, scale)
+
+        def plain(i, layer, x):
+            return layer.forward_static(x, cos, sin, cache, i, positions, length)
+
+        return self._entries(target, ids, hidden, cos, sin, attend, plain)
+
+    def _entries(self, target, ids, hidden, cos, sin, attend: Attend, plain) -> torch.Tensor:
+        """The layers over T entries; `attend` writes each layer's K/V and attends, `plain`
+        runs a layer that reads the hidden alone (speculators' later layers)."""
+        a = self.args
+        eps = a.layers.rms_norm_eps
+        # the target's embedding as its first layer sees it (Gemma's scaled by sqrt(H))
+        emb = target.embed_tokens(ids) if self.embed is None else self.embed.lookup(ids)
         x = hidden
         for i, layer in enumerate(self.layers):
             if not self.fused(i):
-                x = layer(x, cos, sin, cache, i, mask, causal)
+                x = plain(i, layer, x)
                 continue
             e = rms_norm(emb, layer.attn_norm, eps)
             normed = rms_norm(x, self.hidden_norms[i], eps)
-            residual = normed if self.args.norm_before_residual and i == 0 else x
-            q, k, v, gate = layer.qkv_of(torch.cat([e, normed], dim=-1), cos, sin)
-            keys, values = cache.write(i, k, v)
-            x = layer._output(residual, attention(q, keys, values, mask, causal), gate)
-        cache.commit(start + t)
-        return rms_norm(x, self.norm, eps) if self.args.feed_normed else x
+            residual = normed if a.norm_before_residual and i == 0 else x
+            both = torch.cat([e, normed], dim=-1)
+            if a.gemma is not None:  # Gemma's layer: scores unscaled, no output gate
+                q, (k, v) = layer.qkv_of(both, cos, sin)
+                x = layer._output(residual, attend(i, q, k, v, 1.0))
+            else:
+                q, k, v, gate = layer.qkv_of(both, cos, sin)
+                x = layer._output(residual, attend(i, q, k, v, None), gate)
+        return rms_norm(x, self.norm, eps) if a.feed_normed else x
 
     def logits(self, target: Transformer, hidden: torch.Tensor) -> torch.Tensor:
         """[.., H] hidden outputs -> [.., draft_vocab] logits (draft indices)."""
@@ -151,7 +215,10 @@ class Eagle3Net(nn.Module):
         normed = hidden if a.feed_normed or not a.logits_normed else None
         if normed is None:
             normed = rms_norm(hidden, self.norm, a.layers.rms_norm_eps)
-        return (target.lm_head if self.lm_head is None else self.lm_head)(normed)
+        logits = (target.lm_head if self.lm_head is None else self.lm_head)(normed)
+        if a.softcap is None:
+            return logits
+        return torch.tanh(logits / a.softcap) * a.softcap  # DeepSpec Gemma's final cap
 
 
 def load_eagle3(path: Path, *, target: Transformer, target_name: str, name: str) -> Eagle3Net:

@@ -11,6 +11,10 @@ the check that a drafter fits its target.
   hidden is what a chain step feeds back).
 - DeepSpec (`Qwen3Eagle3Model`): the target's Qwen3 config extended, 5 taps, the full
   vocabulary (no d2t), `layers.{i}` each reading 2H, `ttt_length` chain steps.
+- DeepSpec for Gemma 4 (`Gemma4Eagle3Model`, `eagle3_gemma4_12b_ttt7`): the target's Gemma
+  4 text config extended the same way (`build_draft_config`), Gemma 4 layers shaped as its
+  global layers (`gemma`), the target's soft-cap on the logits. Only Gemma 4 targets take
+  it, and it is the only EAGLE-3 layout Gemma 4 targets take here.
 
 Taps are normalised to specgen's convention, the output of layer i (HF hidden_states[i+1]):
 EAGLE's and vLLM's default (2, L//2, L-3) and speculators' explicit ids count the state
@@ -28,10 +32,12 @@ import torch
 from specgen.config import ModelArgs
 from specgen.errors import CheckpointError
 from specgen.models.families import model_args
+from specgen.models.gemma4_draft import GemmaDraftArgs, gemma_layers_from_hf
 
 DEFAULT_CHAIN = 7  # draft tokens per step when the checkpoint names none (EAGLE's depth)
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator")
 DEEPSPEC = ("Qwen3Eagle3Model",)
+DEEPSPEC_GEMMA = ("Gemma4Eagle3Model",)
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,8 @@ class Eagle3Args:
     chain: int = DEFAULT_CHAIN
     num_target_layers: int | None = None  # what the checkpoint says it was built for
     raw_taps: tuple[int, ...] = ()  # the ids as the config gives them (for messages)
+    gemma: GemmaDraftArgs | None = None  # Gemma 4 layers (DeepSpec's Gemma4Eagle3Model)
+    softcap: float | None = None  # the logits' final soft-cap (Gemma's)
 
     def layer_prefix(self, i: int) -> str:
         return "midlayer." if self.layout == "specforge" else f"layers.{i}."
@@ -59,8 +67,8 @@ class Eagle3Args:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], *, num_target_layers: int, name: str) -> Eagle3Args:
         arch = set(cfg.get("architectures") or [])
-        if "Gemma4Eagle3Model" in arch:
-            raise CheckpointError(f"{name}: DeepSpec's Gemma 4 EAGLE-3 drafters are not supported")
+        if arch & set(DEEPSPEC_GEMMA):
+            return _deepspec_gemma(cfg, name)
         if cfg.get("speculators_model_type") == "eagle3":
             return _speculators(cfg, num_target_layers, name)
         if arch & set(DEEPSPEC):
@@ -145,11 +153,16 @@ def _speculators(cfg: dict[str, Any], num_target: int, name: str) -> Eagle3Args:
 def _deepspec(cfg: dict[str, Any], name: str) -> Eagle3Args:
     layers = _layers(cfg, name)
     layers = replace(layers, num_layers=int(cfg.get("draft_num_hidden_layers", layers.num_layers)))
+    common = _common(cfg, layers)
+    return Eagle3Args(**{**common, **_deepspec_fields(cfg, layers, name)})
+
+
+def _deepspec_fields(cfg: dict[str, Any], layers: ModelArgs, name: str) -> dict[str, Any]:
+    """What both DeepSpec layouts read alike: taps, chain, the target's head."""
     ids, num_target = cfg.get("target_layer_ids"), cfg.get("num_target_layers")
     if not ids:
         raise CheckpointError(f"{name}: config.json has no target_layer_ids")
-    common = _common(cfg, layers)
-    return Eagle3Args(
+    return dict(
         layers=layers,
         layout="deepspec",
         taps=tuple(int(i) for i in ids),  # hidden_states[id + 1]: layer outputs
@@ -158,7 +171,26 @@ def _deepspec(cfg: dict[str, Any], name: str) -> Eagle3Args:
         every_layer_fused=True,
         chain=int(cfg.get("ttt_length") or DEFAULT_CHAIN),
         num_target_layers=None if num_target is None else int(num_target),
-        **{**common, "draft_vocab": layers.vocab_size},
+        draft_vocab=layers.vocab_size,
+    )
+
+
+def _deepspec_gemma(cfg: dict[str, Any], name: str) -> Eagle3Args:
+    """`Gemma4Eagle3Model`: build_draft_config sets num_hidden_layers to the draft's
+    layers (also `draft_num_hidden_layers`); the rest is the target's text config."""
+    layers, gemma = gemma_layers_from_hf(cfg, name)
+    draft = int(cfg.get("draft_num_hidden_layers", layers.num_layers))
+    if draft != layers.num_layers:
+        raise CheckpointError(
+            f"{name}: num_hidden_layers {layers.num_layers} and draft_num_hidden_layers "
+            f"{draft} disagree"
+        )
+    cap = cfg.get("final_logit_softcapping")
+    return Eagle3Args(
+        **_deepspec_fields(cfg, layers, name),
+        target_hidden=layers.hidden_size,
+        gemma=gemma,
+        softcap=None if cap is None else float(cap),
     )
 
 
@@ -176,8 +208,16 @@ def check_pair(
     """Refuse a drafter not built for this target, naming both; return its vocabulary map."""
     problems = []
     la = args.layers
-    if target.family.startswith("gemma"):
-        problems.append(f"EAGLE-3 drafters for {target.family} targets are not supported")
+    gemma_target = target.family.startswith("gemma")
+    if gemma_target and args.gemma is None:
+        problems.append(
+            f"a {target.family} target takes DeepSpec's Gemma 4 EAGLE-3 drafters only "
+            f"(Gemma4Eagle3Model), not a {args.layout} one"
+        )
+    if args.gemma is not None and not gemma_target:
+        problems.append(
+            f"a Gemma 4 EAGLE-3 drafter (Gemma4Eagle3Model) for a {target.family} target"
+        )
     if args.target_hidden != target.hidden_size:
         problems.append(f"hidden size {args.target_hidden} vs {target.hidden_size}")
     if la.vocab_size != target.vocab_size:

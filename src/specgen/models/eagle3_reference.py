@@ -131,20 +131,39 @@ class Reference:
         embed: torch.Tensor,  # [V, H] the target's embedding
         head: torch.Tensor,  # [V, H] the target's LM head (for a full-vocabulary drafter)
     ) -> list[int]:
+        """The greedy chain of k drafts."""
+        return self.chain(hidden_states, tokens, anchor, k, embed, head)[0]
+
+    @torch.no_grad()
+    def chain(
+        self,
+        hidden_states: tuple[torch.Tensor, ...],
+        tokens: list[int],
+        anchor: int,
+        k: int,
+        embed: torch.Tensor,
+        head: torch.Tensor,
+        forced: list[int] | None = None,  # the chain's tokens (target ids), else greedy
+    ) -> tuple[list[int], list[torch.Tensor]]:  # drafts, each position's draft-index logits
+        """The chain of k drafts and the logits each was drawn from: greedy, or `forced`
+        (a sampled chain's tokens, teacher-forced: the logits of what was drawn after)."""
         w = self.w
         features = torch.cat([hidden_states[j][0].double() for j in self.entering], -1)
         hidden = list(self._project(features))
         ids = [*tokens[1:], anchor]
         lm = w.get("lm_head.weight") if self.layout != "deepspec" else head.double()
         d2t = w.get("d2t")
-        out = []
-        for _ in range(k):
+        out, all_logits = [], []
+        for step in range(k):
             x = self._run(embed.double()[ids], torch.stack(hidden))[-1]
             normed = _rms(x, w["norm.weight"], self.eps)
             logits = (normed if self.logits_normed or self.feed_normed else x) @ lm.T
+            all_logits.append(logits)
             j = int(logits.argmax())
             token = j + (int(d2t[j]) if d2t is not None else 0)
+            if forced is not None:
+                token = forced[step]
             out.append(token)
             ids.append(token)
             hidden.append(normed if self.feed_normed else x)
-        return out
+        return out, all_logits

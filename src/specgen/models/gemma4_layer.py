@@ -14,6 +14,9 @@ reference):
 - `shared`: a KV-shared layer projects queries only and attends over the keys and values
   already in its cache slot (an earlier layer's).
 Keys and values of a drafter's context come from the same projections (`project_kv`).
+DeepSpec's Gemma 4 EAGLE-3 layer (`Gemma4Eagle3DecoderLayer`) is this layer with q/k/v
+reading 2H (`in_features`: its two normed halves, `qkv_of`) and the hidden input as the
+residual.
 """
 
 from __future__ import annotations
@@ -66,15 +69,23 @@ def gemma_mlp_widths(intermediate: int, layers: int, shared: int, double_wide: b
 class GemmaLayer(nn.Module):
     """Called like the Llama-shaped `DecoderLayer`."""
 
-    def __init__(self, shape: GemmaShape, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        shape: GemmaShape,
+        dtype: torch.dtype,
+        device: torch.device,
+        in_features: int | None = None,  # q/k/v's input width (EAGLE-3's layers: 2H)
+    ) -> None:
         super().__init__()
         s = self.shape = shape
         h, d = s.hidden, s.head_dim
+        self.in_features = in_features or h
         self.q_rows = s.heads * d
         w, norm = dict(dtype=dtype, device=device), dict(dtype=torch.float32, device=device)
         self.attn_norm, self.post_attn_norm = new_weight(h, **norm), new_weight(h, **norm)
         self.ffn_norm, self.post_ffn_norm = new_weight(h, **norm), new_weight(h, **norm)
-        self.wqkv = DenseWeight(self.q_rows + s.kv_rows, h, **w)  # q, then k and v (if any)
+        # q, then k and v (if any)
+        self.wqkv = DenseWeight(self.q_rows + s.kv_rows, self.in_features, **w)
         self.q_norm = new_weight(d, **norm)
         self.k_norm = None if s.shared else new_weight(d, **norm)
         self.wo = DenseWeight(h, s.heads * d, **w)
@@ -87,15 +98,15 @@ class GemmaLayer(nn.Module):
     def plan(self, prefix: str) -> Iterator[Row]:
         """The checkpoint's tensors of this layer (transformers' and DeepSpec's names agree).
         A KV-shared layer has no k/v of its own (published copies are ignored)."""
-        s, p, h = self.shape, prefix, self.shape.hidden
+        s, p, h, n = self.shape, prefix, self.shape.hidden, self.in_features
         kv, inter = s.kv_heads * s.head_dim, s.intermediate
         yield Row(p + "input_layernorm.weight", self.attn_norm, (h,))
-        yield Row(p + "self_attn.q_proj.weight", self.wqkv, (self.q_rows, h))
+        yield Row(p + "self_attn.q_proj.weight", self.wqkv, (self.q_rows, n))
         if not s.shared:
-            yield Row(p + "self_attn.k_proj.weight", self.wqkv, (kv, h), self.q_rows)
+            yield Row(p + "self_attn.k_proj.weight", self.wqkv, (kv, n), self.q_rows)
             yield Row(p + "self_attn.k_norm.weight", self.k_norm, (s.head_dim,))
         if not s.shared and not s.k_is_v:
-            yield Row(p + "self_attn.v_proj.weight", self.wqkv, (kv, h), self.q_rows + kv)
+            yield Row(p + "self_attn.v_proj.weight", self.wqkv, (kv, n), self.q_rows + kv)
         yield Row(p + "self_attn.q_norm.weight", self.q_norm, (s.head_dim,))
         yield Row(p + "self_attn.o_proj.weight", self.wo, (h, self.q_rows))
         yield Row(p + "post_attention_layernorm.weight", self.post_attn_norm, (h,))
@@ -163,10 +174,17 @@ class GemmaLayer(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """q [B, nq, T, d] (normed, roped) and this layer's own (k, v) [B, n_kv, T, d]
         (None for a KV-shared layer)."""
+        return self.qkv_of(rms_norm(x, self.attn_norm, self.shape.eps), cos, sin)
+
+    def qkv_of(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """`_project` of an input already normed ([B, T, in_features]): EAGLE-3's layer
+        feeds cat(input_layernorm(embedding), hidden_norm(hidden))."""
         s = self.shape
         d, nq, nkv, eps = s.head_dim, s.heads, s.kv_heads, s.eps
-        bsz, t, _ = x.shape
-        qkv = self.wqkv(rms_norm(x, self.attn_norm, eps))
+        bsz, t, _ = h.shape
+        qkv = self.wqkv(h)
         if s.shared:
             q = rms_norm(qkv.view(bsz, t, nq, d), self.q_norm, eps)
             return apply_rope(q, cos, sin).transpose(1, 2), None

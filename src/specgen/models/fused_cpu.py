@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import time
 
 import torch
 
@@ -21,6 +22,7 @@ from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
 from specgen.kernels.packed import DIRECT_ROWS
 from specgen.models import weights as weights_module
 from specgen.models.decoder_layer import DecoderLayer
+from specgen.models.fused_threads import ThreadTuner
 from specgen.models.kv_cache import StaticKVCache
 from specgen.models.packed import PackedMatrix
 from specgen.models.weights_packed import PackedWeight
@@ -33,6 +35,12 @@ MIN_PARALLEL_WORK = 1 << 18
 
 def wanted() -> bool:
     return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
+
+
+def tuned_threads() -> bool:
+    """Whether the pass picks its thread count from its measured calls (fused_threads.py),
+    up to torch's count; `SPECGEN_CPU_THREADS=fixed` always takes torch's count."""
+    return os.environ.get("SPECGEN_CPU_THREADS", "tuned").lower() != "fixed"
 
 
 class FusedPass:
@@ -75,6 +83,7 @@ class FusedPass:
             w.shape[0] * w.shape[1] for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
         )
         self.min_parallel_work = MIN_PARALLEL_WORK
+        self.tuner = ThreadTuner() if tuned_threads() else None
 
     # describing ------------------------------------------------------------------------
     def _ptr(self, t: torch.Tensor | None) -> int | None:
@@ -122,6 +131,7 @@ class FusedPass:
         tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
         tapped = torch.empty(len(wanted_taps), 1, t, h)
         logits = torch.empty(1, num_logits, model.args.vocab_size)
+        threads, began = self.threads(t), time.perf_counter()
         failed = decoder_forward()(
             ctypes.byref(m),
             x.data_ptr(),
@@ -132,16 +142,21 @@ class FusedPass:
             tapped.data_ptr(),
             num_logits,
             logits.data_ptr(),
-            self.threads(t),
+            threads,
         )
+        if self.tuner is not None:
+            self.tuner.record(t, threads, time.perf_counter() - began)
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
         return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
 
     def threads(self, rows: int) -> int:
-        """torch's thread count (set by --threads), or one for a pass too small to share."""
-        small = rows * self.layer_work < 6 * self.min_parallel_work
-        return 1 if small else torch.get_num_threads()
+        """One for a pass too small to share; else up to torch's count (set by --threads),
+        as many as run this kind of call fastest now (the same bits whatever the count)."""
+        if rows * self.layer_work < 6 * self.min_parallel_work:
+            return 1
+        most = torch.get_num_threads()
+        return most if self.tuner is None else self.tuner.choose(rows, most)
 
     # when it applies -------------------------------------------------------------------
     @staticmethod

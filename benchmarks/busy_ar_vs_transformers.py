@@ -98,18 +98,15 @@ def _spin() -> None:
         pass
 
 
-def _converted_dir() -> str:
+def _paths() -> dict[str, str]:
+    """What each engine reads: specgen resolves the default itself; transformers the GGUF's
+    dequantized copy; llama.cpp the GGUF file."""
     from specgen.hub import resolve_model
     from specgen.models.gguf import ensure_converted
 
-    resolved = resolve_model("smollm2-135m")
-    return str(ensure_converted(resolved.gguf, weights=True))
-
-
-def _gguf() -> str:
-    from specgen.hub import resolve_model
-
-    return str(resolve_model("smollm2-135m").gguf)
+    gguf = resolve_model("smollm2-135m").gguf
+    return {"specgen": "", "specgen-fixed": "", "llama.cpp": str(gguf),
+            "transformers": str(ensure_converted(gguf, weights=True))}  # fmt: skip
 
 
 def _run(engine: str, tokens: int, path: str) -> float:
@@ -132,8 +129,7 @@ def main() -> None:
     parser.add_argument("--fixed", action="store_true",
                         help="also specgen with a fixed thread count (SPECGEN_CPU_THREADS=fixed)")
     args = parser.parse_args()
-    paths = {"specgen": "", "specgen-fixed": "", "transformers": _converted_dir(),
-             "llama.cpp": _gguf()}  # fmt: skip
+    paths = _paths()
     engines = ["specgen", "transformers"]
     try:
         import llama_cpp  # noqa: F401

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
+from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import SamplingParams
 from specgen.engine import score
 from specgen.pipeline import Pipeline
 
@@ -75,26 +75,6 @@ def test_ar_logprobs_are_transformers_log_softmax(tiny_dirs, family):
             ids, logprobs, *_ = answer(pipe, prompt, params)
             reference = hf_logprobs(hf, prompt + ids)[len(prompt) - 1 : -1]
             assert_matches(logprobs, ids, reference)
-
-
-@pytest.fixture(scope="module")
-def pipes(tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path_factory):
-    eagle3 = save_eagle3(tmp_path_factory.mktemp("lp") / "eagle3", "specforge", taps=[1, 3, 5])
-    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    drafters = {"ngram": None, "dflash": str(tiny_dflash), "dspark": str(tiny_dspark),
-                "eagle3": str(eagle3),
-                "stacked": (str(tiny_dflash), str(tiny_dspark), str(eagle3))}  # fmt: skip
-    out = {"ar": ar}
-    for method, drafter in drafters.items():
-        out[method] = ar.with_spec(SpecConfig(method=method, drafter=drafter, verify_policy="full"))
-    return out
-
-
-@pytest.fixture(scope="module")
-def hf_deep(tiny_qwen3_deep):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_qwen3_deep, dtype=torch.float32).eval()
 
 
 def test_every_method_reports_ar_s_logprobs(pipes):

@@ -12,18 +12,17 @@ from collections import Counter
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
+from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 from test_cli import assert_one_line_error, run
 from test_resident import AnswerKeyDrafter
 
 from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.config import SamplingParams, SpecConfig
+from specgen.config import SamplingParams
 from specgen.draft import Draft
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
 from specgen.errors import OptionError
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.verify.penalties import Penalties, penalise
 from specgen.verify.sampling import probabilities
 
@@ -131,27 +130,6 @@ def test_the_cli_refuses_bad_penalties_in_one_line_before_loading(flag, value):
 
 
 # --- greedy: every method is plain decoding with penalties -----------------------------------
-
-
-@pytest.fixture(scope="module")
-def hf_deep(tiny_qwen3_deep):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_qwen3_deep, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def pipes(tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path_factory):
-    """AR and every method on the deep tiny Qwen3, every draft verified whole."""
-    eagle3 = save_eagle3(tmp_path_factory.mktemp("pen") / "eagle3", "specforge", taps=[1, 3, 5])
-    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    drafters = {"ngram": None, "dflash": str(tiny_dflash), "dspark": str(tiny_dspark),
-                "eagle3": str(eagle3),
-                "stacked": (str(tiny_dflash), str(tiny_dspark), str(eagle3))}  # fmt: skip
-    out = {"ar": ar}
-    for method, drafter in drafters.items():
-        out[method] = ar.with_spec(SpecConfig(method=method, drafter=drafter, verify_policy="full"))
-    return out
 
 
 def answer_ids(pipe, prompt, n, params, session=None):

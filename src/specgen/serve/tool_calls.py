@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ def new_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-class Format:
+class Format(ABC):
     """How one family writes a call. `opener`/`closer` bound each call; a format with no
     closer (`llama_json`) takes the rest of the answer, and only from its start."""
 
@@ -51,17 +52,20 @@ class Format:
     at_start_only = False
     keeps_special = False  # its markers are special tokens: decode the answer with them
 
+    @abstractmethod
     def detect(self, template: str) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def prefix(self, name: str | None) -> str:
         """What the answer is made to start with when a call is required (`name` None)
         or a named one is; the model writes the rest."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
         """The calls in the text between opener and closer; None if it is not calls."""
-        raise NotImplementedError
+        ...
 
 
 class Hermes(Format):

@@ -29,7 +29,7 @@ from specgen.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
 # one library: the packed products and the fused decoder pass that calls them (decoder.c)
-SOURCES = (SOURCE, SOURCE.with_name("decoder.c"))
+SOURCES = (SOURCE, SOURCE.with_name("packed_wide.c"), SOURCE.with_name("decoder.c"))
 HEADERS = (SOURCE.with_name("packed.h"),)
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
@@ -38,6 +38,13 @@ MIN_PARALLEL_WORK = 1 << 18
 # and used at once; more rows (prefill) go through scratch: benchmarks/packed_kernel_rows.py
 DIRECT_ROWS = 16
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+# SPECGEN_CPU_ISA narrows what -march=native may use: each narrower build runs its own code
+# path (packed_wide.c's 16 lanes, packed.c's 8, its portable C), so one machine can test all
+ISA_FLAGS = {
+    "native": (),
+    "avx2": ("-mno-avx512f",),
+    "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+}
 
 
 def packed_linear_torch(x: torch.Tensor, m) -> torch.Tensor:
@@ -49,10 +56,18 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _flags() -> tuple[str, ...]:
+    isa = os.environ.get("SPECGEN_CPU_ISA", "native").lower()
+    if isa not in ISA_FLAGS:
+        raise OSError(f"SPECGEN_CPU_ISA={isa!r}: use one of {', '.join(ISA_FLAGS)}")
+    return FLAGS + ISA_FLAGS[isa]
+
+
 def _build(cc: str) -> Path:
+    flags = _flags()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     text = "".join(p.read_text() for p in (*SOURCES, *HEADERS))
-    key = hashlib.sha256((text + version + " ".join(FLAGS)).encode()).hexdigest()
+    key = hashlib.sha256((text + version + " ".join(flags)).encode()).hexdigest()
     out = specgen_home() / "kernels" / f"packed-{key[:16]}.so"
     if out.is_file():
         return out
@@ -61,7 +76,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
+            [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
         )
         if done.returncode:
             raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
@@ -100,6 +115,13 @@ def cpu_library():
     f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, ctypes.c_int, i64, i64, p, p, ctypes.c_int, i64]
     f.restype = ctypes.c_int
     return f
+
+
+def kernel_lanes() -> int:
+    """The vector width the compiled products use: 16 (AVX-512), 8 (AVX2) or 1 (portable C);
+    0 without a compiled library."""
+    lib = compiled()
+    return 0 if lib is None else lib.packed_lanes()
 
 
 def kernel_threads() -> int:

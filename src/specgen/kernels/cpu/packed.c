@@ -30,8 +30,10 @@
 #define KC 512 /* columns of K unpacked at a time by the many-row path */
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #define SIMD 1
+#endif
+#if defined(SIMD) || defined(__F16C__)
+#include <immintrin.h>
 #endif
 
 static inline float lanes_sum(const float *a) {
@@ -276,7 +278,7 @@ static void widen(const uint16_t *h, int64_t n, float *out) {
 }
 
 /* rows [row, row + rows) of a [*, count] table of scales, as fp32: in place, or widened */
-static const float *rows_of(const void *table, int half, int64_t row, int64_t rows,
+const float *packed_scales(const void *table, int half, int64_t row, int64_t rows,
                             int64_t count, float *buf) {
     if (!table) return NULL;
     if (!half) return (const float *)table + row * count;
@@ -284,11 +286,11 @@ static const float *rows_of(const void *table, int half, int64_t row, int64_t ro
     return buf;
 }
 
-/* output (r, n) from its lanes and the offsets sum_g m_g xs_g (8 lanes of groups, then the
- * rest in order): one function for every path, so the compiler contracts the sums the
- * same way whichever path ran. A serial sum here was a chain of a few dozen dependent
- * multiply-adds per output, as long as the column's products themselves. */
-static float column_out(const float *lanes, const float *mins, int64_t groups, const float *xs) {
+/* sum_g m_g xs_g, the offsets of output (r, n) (8 lanes of groups, then the rest in order;
+ * 0 without minimums): one function for every path and both kernels. A serial sum here was
+ * a chain of a few dozen dependent multiply-adds per output, as long as the column's
+ * products themselves. */
+float packed_offsets(const float *mins, int64_t groups, const float *xs) {
     float off = 0.0f;
     if (mins) {
         int64_t g = 0;
@@ -312,7 +314,24 @@ static float column_out(const float *lanes, const float *mins, int64_t groups, c
 #endif
         for (; g < groups; g++) off = fmaf(mins[g], xs[g], off);
     }
-    return lanes_sum(lanes) + off;
+    return off;
+}
+
+/* output (r, n) from its lanes and its offsets: one function for every path, so the
+ * compiler contracts the sums the same way whichever path ran */
+static float column_out(const float *lanes, const float *mins, int64_t groups, const float *xs) {
+    return lanes_sum(lanes) + packed_offsets(mins, groups, xs);
+}
+
+/* the vector width of this build's products: which code path runs (tests build each) */
+int packed_lanes(void) {
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(SIMD)
+    return LANES;
+#else
+    return 1;
+#endif
 }
 
 /* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */
@@ -336,6 +355,10 @@ void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) 
 int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
                    const void *scale, const void *mins, int half, int64_t group, const float *xs,
                    int64_t n0, int64_t n1, float *y, int64_t ldy, int64_t direct_rows) {
+#ifdef __AVX512F__
+    return wide_columns(x, M, K, w, bits, scale, mins, half, group, xs, n0, n1, y, ldy,
+                        direct_rows);
+#endif
     int64_t groups = K / group;
     /* widened scales and minimums: a column's (direct path) or a tile's */
     float *wide = half ? malloc(sizeof(float) * 2 * COLS * groups) : NULL;
@@ -350,8 +373,8 @@ int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits
             return -1;
         }
         for (int64_t n = n0; n < n1; n++) {
-            const float *sc = rows_of(scale, half, n, 1, groups, ws);
-            const float *mn = rows_of(mins, half, n, 1, groups, wm);
+            const float *sc = packed_scales(scale, half, n, 1, groups, ws);
+            const float *mn = packed_scales(mins, half, n, 1, groups, wm);
             direct_column(x, M, K, w, bits, sc, group, n, acc);
             for (int64_t r = 0; r < M; r++)
                 y[r * ldy + n] = column_out(acc + r * LANES, mn, groups, mins ? xs + r * groups : xs);
@@ -367,8 +390,8 @@ int packed_columns(const float *x, int64_t M, int64_t K, const void *w, int bits
     if (!failed)
         for (int64_t c0 = n0; c0 < n1; c0 += COLS) {
             int64_t cols = n1 - c0 < COLS ? n1 - c0 : COLS;
-            const float *sc = rows_of(scale, half, c0, cols, groups, ws);
-            const float *mn = rows_of(mins, half, c0, cols, groups, wm);
+            const float *sc = packed_scales(scale, half, c0, cols, groups, ws);
+            const float *mn = packed_scales(mins, half, c0, cols, groups, wm);
             tile(x, M, K, w, bits, sc, group, c0, cols, acc, wb);
             for (int64_t r = 0; r < M; r++)
                 for (int c = 0; c < cols; c++)

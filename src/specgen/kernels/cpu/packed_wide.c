@@ -1,0 +1,214 @@
+/* Packed-weight products with 16-lane (AVX-512) vectors: packed.c's contract, a different
+ * arithmetic. Compiled only where the compiler targets AVX-512 (-march=native on such a
+ * CPU); elsewhere this file is empty and packed.c's 8-lane code runs.
+ *
+ * Why a second kernel: a verify block's extra rows are bound by multiply-adds, not by
+ * memory. packed.c spends five 8-lane operations per row on 32 weights (a product per
+ * block, then its scale); here each weight is scaled once, when it is unpacked, and shared
+ * by every row: two 16-lane multiply-adds per row per 32 weights, with up to 4 rows x 4
+ * columns of accumulators held in registers.
+ *
+ * Exactness: w = s q is the dequantized weight as models/packed.py computes it (fp32
+ * product of the widened scale and the integer); output (r, n) is the sum over k of
+ * x[r, k] w[n, k], accumulated in 16 lanes (lane l takes k = l mod 16) by fused
+ * multiply-adds in k order, then a fixed tree over the lanes, then the offsets (packed.c's
+ * packed_offsets). Neither the number of rows, nor the path (registers or scratch), nor
+ * the tiling or the thread changes that, so verify rows equal decode steps bit for bit.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "packed.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define WL 16  /* lanes */
+#define WC 4   /* output columns per tile */
+#define WR 4   /* rows per register block */
+#define WKC 512 /* columns of K unpacked at a time into scratch */
+
+/* a fixed tree over the 16 lanes */
+static inline float sum16(const float *a) {
+    float h[8];
+    for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
+    return ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
+}
+
+/* block k's scales: s0 for columns k..k+15, s1 for k+16..k+31 (groups of 16 or of 32+) */
+static inline void block_scales(const float *sc, int64_t k, int64_t group, int shift, __m512 *s0,
+                                __m512 *s1) {
+    if (group == 16) {
+        *s0 = _mm512_set1_ps(sc[k >> 4]);
+        *s1 = _mm512_set1_ps(sc[(k >> 4) + 1]);
+    } else
+        *s0 = *s1 = _mm512_set1_ps(sc[k >> shift]);
+}
+
+/* W's row n, columns [k, k + 32), dequantized: o[0] the first 16, o[1] the next 16. A 4-bit
+ * block's 16 bytes hold columns j (low nibble) and j + 16 (high nibble) of byte j. */
+static inline void scaled32(const void *w, int bits, int64_t K, int64_t n, int64_t k, __m512 s0,
+                            __m512 s1, __m512 *o) {
+    if (bits == 4) {
+        const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
+        __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+        o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(15))), s0);
+        o[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), s1);
+    } else {
+        const int8_t *q = (const int8_t *)w + n * K + k;
+        o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s0);
+        o[1] = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s1);
+    }
+}
+
+/* R rows x WC columns, weights unpacked into registers and used at once (few rows: decode
+ * steps and verify blocks). sc[c], n[c]: column c's scales and row of W. acc: R * WC * WL. */
+#define DIRECT(NAME, R, BITS)                                                                  \
+    static void NAME(const float *x, int64_t K, const void *w, const float *const *sc,         \
+                     int64_t group, int shift, const int64_t *n, float *acc) {                 \
+        __m512 a[R][WC];                                                                       \
+        for (int r = 0; r < R; r++)                                                            \
+            for (int c = 0; c < WC; c++) a[r][c] = _mm512_setzero_ps();                        \
+        for (int64_t k = 0; k < K; k += 32) {                                                  \
+            __m512 wv[WC][2];                                                                  \
+            for (int c = 0; c < WC; c++) {                                                     \
+                __m512 s0, s1;                                                                 \
+                block_scales(sc[c], k, group, shift, &s0, &s1);                                \
+                scaled32(w, BITS, K, n[c], k, s0, s1, wv[c]);                                  \
+            }                                                                                  \
+            for (int r = 0; r < R; r++) {                                                      \
+                __m512 x0 = _mm512_loadu_ps(x + r * K + k), x1 = _mm512_loadu_ps(x + r * K + k + 16); \
+                for (int c = 0; c < WC; c++) {                                                 \
+                    a[r][c] = _mm512_fmadd_ps(x0, wv[c][0], a[r][c]);                          \
+                    a[r][c] = _mm512_fmadd_ps(x1, wv[c][1], a[r][c]);                          \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < R; r++)                                                            \
+            for (int c = 0; c < WC; c++) _mm512_storeu_ps(acc + (r * WC + c) * WL, a[r][c]);  \
+    }
+DIRECT(direct1_4, 1, 4)
+DIRECT(direct2_4, 2, 4)
+DIRECT(direct3_4, 3, 4)
+DIRECT(direct4_4, 4, 4)
+DIRECT(direct1_8, 1, 8)
+DIRECT(direct2_8, 2, 8)
+DIRECT(direct3_8, 3, 8)
+DIRECT(direct4_8, 4, 8)
+
+/* R rows over WC columns of dequantized weights in scratch (wb[c * WKC + k], len of them),
+ * continuing the accumulators in acc: the same multiply-adds in the same order as DIRECT */
+#define ROWS(NAME, R)                                                                          \
+    static void NAME(const float *x, int64_t K, const float *wb, int64_t len, float *acc) {    \
+        __m512 a[R][WC];                                                                       \
+        for (int r = 0; r < R; r++)                                                            \
+            for (int c = 0; c < WC; c++) a[r][c] = _mm512_loadu_ps(acc + (r * WC + c) * WL);   \
+        for (int64_t k = 0; k < len; k += WL) {                                                \
+            __m512 wv[WC];                                                                     \
+            for (int c = 0; c < WC; c++) wv[c] = _mm512_loadu_ps(wb + c * WKC + k);            \
+            for (int r = 0; r < R; r++) {                                                      \
+                __m512 xv = _mm512_loadu_ps(x + r * K + k);                                    \
+                for (int c = 0; c < WC; c++) a[r][c] = _mm512_fmadd_ps(xv, wv[c], a[r][c]);    \
+            }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < R; r++)                                                            \
+            for (int c = 0; c < WC; c++) _mm512_storeu_ps(acc + (r * WC + c) * WL, a[r][c]);  \
+    }
+ROWS(rows1, 1)
+ROWS(rows2, 2)
+ROWS(rows3, 3)
+ROWS(rows4, 4)
+
+static void direct_rows(const float *x, int rows, int64_t K, const void *w, int bits,
+                        const float *const *sc, int64_t group, int shift, const int64_t *n,
+                        float *acc) {
+    if (bits == 4)
+        switch (rows) {
+        case 1: direct1_4(x, K, w, sc, group, shift, n, acc); break;
+        case 2: direct2_4(x, K, w, sc, group, shift, n, acc); break;
+        case 3: direct3_4(x, K, w, sc, group, shift, n, acc); break;
+        default: direct4_4(x, K, w, sc, group, shift, n, acc);
+        }
+    else
+        switch (rows) {
+        case 1: direct1_8(x, K, w, sc, group, shift, n, acc); break;
+        case 2: direct2_8(x, K, w, sc, group, shift, n, acc); break;
+        case 3: direct3_8(x, K, w, sc, group, shift, n, acc); break;
+        default: direct4_8(x, K, w, sc, group, shift, n, acc);
+        }
+}
+
+/* Many rows (prefill): each chunk of WC columns is dequantized into scratch once, then every
+ * row runs over it. */
+static void scratch_tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                         const float *const *sc, int64_t group, int shift, const int64_t *n,
+                         float *acc, float *wb) {
+    memset(acc, 0, sizeof(float) * M * WC * WL);
+    for (int64_t k0 = 0; k0 < K; k0 += WKC) {
+        int64_t len = K - k0 < WKC ? K - k0 : WKC;
+        for (int c = 0; c < WC; c++)
+            for (int64_t k = 0; k < len; k += 32) {
+                __m512 s0, s1, o[2];
+                block_scales(sc[c], k0 + k, group, shift, &s0, &s1);
+                scaled32(w, bits, K, n[c], k0 + k, s0, s1, o);
+                _mm512_storeu_ps(wb + c * WKC + k, o[0]);
+                _mm512_storeu_ps(wb + c * WKC + k + 16, o[1]);
+            }
+        for (int64_t r0 = 0; r0 < M; r0 += WR) {
+            const float *xr = x + r0 * K + k0;
+            float *ar = acc + r0 * WC * WL;
+            switch (M - r0 < WR ? (int)(M - r0) : WR) {
+            case 1: rows1(xr, K, wb, len, ar); break;
+            case 2: rows2(xr, K, wb, len, ar); break;
+            case 3: rows3(xr, K, wb, len, ar); break;
+            default: rows4(xr, K, wb, len, ar);
+            }
+        }
+    }
+}
+
+int wide_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
+                 const void *scale, const void *mins, int half, int64_t group, const float *xs,
+                 int64_t n0, int64_t n1, float *y, int64_t ldy, int64_t direct_rows_max) {
+    int64_t groups = K / group;
+    int shift = 0; /* group is a power of two: k >> shift is k's group */
+    while (((int64_t)1 << shift) < group) shift++;
+    int direct = M <= direct_rows_max;
+    float stack[16 * WC * WL];
+    float *wide = half ? malloc(sizeof(float) * 2 * WC * groups) : NULL;
+    float *acc = M <= 16 ? stack : malloc(sizeof(float) * M * WC * WL);
+    float *wb = direct ? NULL : malloc(sizeof(float) * WC * WKC);
+    int failed = (half && !wide) || !acc || (!direct && !wb);
+    float *ws = wide, *wm = wide ? wide + WC * groups : NULL;
+    for (int64_t c0 = n0; c0 < n1 && !failed; c0 += WC) {
+        int cols = n1 - c0 < WC ? (int)(n1 - c0) : WC;
+        const float *sc = packed_scales(scale, half, c0, cols, groups, ws);
+        const float *mn = packed_scales(mins, half, c0, cols, groups, wm);
+        /* a last tile of fewer columns repeats its last column (computed, not stored) */
+        const float *scs[WC];
+        int64_t ns[WC];
+        for (int c = 0; c < WC; c++) {
+            int cc = c < cols ? c : cols - 1;
+            scs[c] = sc + cc * groups;
+            ns[c] = c0 + cc;
+        }
+        if (direct)
+            for (int64_t r0 = 0; r0 < M; r0 += WR)
+                direct_rows(x + r0 * K, M - r0 < WR ? (int)(M - r0) : WR, K, w, bits, scs, group,
+                            shift, ns, acc + r0 * WC * WL);
+        else
+            scratch_tile(x, M, K, w, bits, scs, group, shift, ns, acc, wb);
+        for (int64_t r = 0; r < M; r++)
+            for (int c = 0; c < cols; c++)
+                y[r * ldy + c0 + c] =
+                    sum16(acc + (r * WC + c) * WL) +
+                    packed_offsets(mn ? mn + c * groups : NULL, groups, mins ? xs + r * groups : xs);
+    }
+    if (acc != stack) free(acc);
+    free(wb);
+    free(wide);
+    return failed ? -1 : 0;
+}
+#endif

@@ -11,8 +11,8 @@
  * Exactness: w = s q is the dequantized weight as models/packed.py computes it (fp32
  * product of the widened scale and the integer); output (r, n) is the sum over k of
  * x[r, k] w[n, k], accumulated in 16 lanes (lane l takes k = l mod 16) by fused
- * multiply-adds in k order, then a fixed tree over the lanes, then the offsets (packed.c's
- * packed_offsets). Neither the number of rows, nor the path (registers or scratch), nor
+ * multiply-adds in k order, then the offsets sum_g m_g xs_g multiplied into the same lanes,
+ * then a fixed tree over the lanes (finish_tile). Neither the number of rows, nor the path (registers or scratch), nor
  * the tiling or the thread changes that, so verify rows equal decode steps bit for bit.
  */
 #include <stdint.h>
@@ -29,11 +29,14 @@
 #define WR 4   /* rows per register block */
 #define WKC 512 /* columns of K unpacked at a time into scratch */
 
-/* a fixed tree over the 16 lanes */
-static inline float sum16(const float *a) {
-    float h[8];
-    for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
-    return ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
+/* Four accumulators' sums, each over its own 16 lanes by one fixed tree (halves, then
+ * quarters, then within a quarter), whichever slot it sits in: lane 4c holds v[c]'s sum. */
+static inline __m512 sum4(const __m512 *v) {
+    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+    __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+    y = _mm512_add_ps(y, _mm512_permute_ps(y, 0x4E));
+    return _mm512_add_ps(y, _mm512_permute_ps(y, 0xB1));
 }
 
 /* block k's scales: s0 for columns k..k+15, s1 for k+16..k+31 (groups of 16 or of 32+) */
@@ -51,16 +54,31 @@ static inline void block_scales(const float *sc, int64_t k, int64_t group, int s
 static inline void scaled32(const void *w, int bits, int64_t K, int64_t n, int64_t k, __m512 s0,
                             __m512 s1, __m512 *o) {
     if (bits == 4) {
+        /* 16 levels: s * 0..15 in one register, each weight picked from it by its nibble
+         * (a permute reads only an index's low 4 bits, so the low nibbles need no mask):
+         * the same fp32 products as scaling each converted q, in fewer instructions */
         const uint8_t *b = (const uint8_t *)w + n * (K / 2) + k / 2;
         __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
-        o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(15))), s0);
-        o[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), s1);
+        const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512 t0 = _mm512_mul_ps(levels, s0), t1 = _mm512_mul_ps(levels, s1);
+        o[0] = _mm512_permutexvar_ps(a, t0);
+        o[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t1);
     } else {
         const int8_t *q = (const int8_t *)w + n * K + k;
         o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s0);
         o[1] = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s1);
     }
+}
+
+/* A decode step waits on memory more than it computes: the block AHEAD tiles of columns
+ * further on (rows of W lie one after another) is asked for early. Any distance from 1 to 8
+ * tiles did as well as another; none was a third slower (docs/results.md). */
+#define AHEAD 2
+static inline void prefetch_ahead(const void *w, int bits, int64_t K, int64_t n, int64_t k) {
+    int64_t bytes = bits == 4 ? K / 2 : K, at = bits == 4 ? k / 2 : k;
+    _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at, _MM_HINT_T0);
+    if (bits == 8) _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at + 31, _MM_HINT_T0);
 }
 
 /* R rows x WC columns, weights unpacked into registers and used at once (few rows: decode
@@ -75,6 +93,7 @@ static inline void scaled32(const void *w, int bits, int64_t K, int64_t n, int64
             __m512 wv[WC][2];                                                                  \
             for (int c = 0; c < WC; c++) {                                                     \
                 __m512 s0, s1;                                                                 \
+                prefetch_ahead(w, BITS, K, n[c], k);                                   \
                 block_scales(sc[c], k, group, shift, &s0, &s1);                                \
                 scaled32(w, BITS, K, n[c], k, s0, s1, wv[c]);                                  \
             }                                                                                  \
@@ -169,6 +188,28 @@ static void scratch_tile(const float *x, int64_t M, int64_t K, const void *w, in
     }
 }
 
+/* Outputs (r, c0 + c) of a tile from its accumulators: the offsets sum_g m_g xs_g first
+ * multiplied into the lanes (16 groups at a time, lane l taking groups g = l mod 16), then
+ * sum4. One function for both paths. mn: the tile's minimums (column c's at c * groups) */
+static void finish_tile(const float *acc, int64_t M, int cols, const float *mn, int64_t groups,
+                        const float *xs, float *y, int64_t ldy, int64_t c0) {
+    for (int64_t r = 0; r < M; r++) {
+        __m512 v[WC];
+        float out[WL];
+        for (int c = 0; c < WC; c++) {
+            v[c] = _mm512_loadu_ps(acc + (r * WC + c) * WL);
+            if (mn && c < cols)
+                for (int64_t g = 0; g < groups; g += WL) {
+                    __mmask16 m = groups - g >= WL ? 0xFFFF : (__mmask16)((1u << (groups - g)) - 1);
+                    v[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, mn + c * groups + g),
+                                           _mm512_maskz_loadu_ps(m, xs + r * groups + g), v[c]);
+                }
+        }
+        _mm512_storeu_ps(out, sum4(v));
+        for (int c = 0; c < cols; c++) y[r * ldy + c0 + c] = out[4 * c];
+    }
+}
+
 int wide_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
                  const void *scale, const void *mins, int half, int64_t group, const float *xs,
                  int64_t n0, int64_t n1, float *y, int64_t ldy, int64_t direct_rows_max) {
@@ -200,11 +241,7 @@ int wide_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
                             shift, ns, acc + r0 * WC * WL);
         else
             scratch_tile(x, M, K, w, bits, scs, group, shift, ns, acc, wb);
-        for (int64_t r = 0; r < M; r++)
-            for (int c = 0; c < cols; c++)
-                y[r * ldy + c0 + c] =
-                    sum16(acc + (r * WC + c) * WL) +
-                    packed_offsets(mn ? mn + c * groups : NULL, groups, mins ? xs + r * groups : xs);
+        finish_tile(acc, M, cols, mn, groups, xs, y, ldy, c0);
     }
     if (acc != stack) free(acc);
     free(wb);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,8 +202,9 @@ def _write_json(path, record: dict) -> None:
 # draw spread over the GPU, eager CUDA attention without cuDNN; 4: DSpark's Markov rows for
 # its draft vocabulary gathered once, not per slot; drafts timed per length; 5: the packed
 # CPU kernel's direct path for verify blocks up to 16 rows; 6: the fused CPU pass, fp16
-# packed scales, packed draft-vocabulary heads).
-KERNELS_REVISION = 6
+# packed scales, packed draft-vocabulary heads; 7: 16-lane packed products on AVX-512, and
+# the ISA a build targets, SPECGEN_CPU_ISA).
+KERNELS_REVISION = 7
 
 
 def cached_costs(
@@ -275,7 +277,8 @@ def _identity(model: Transformer, key: str, graphs: bool) -> str:
     return (
         f"{key}|{model.dtype}|{model.weights_identity}|{model.device}"
         f"|threads={torch.get_num_threads()}"
-        f"|torch={torch.__version__}|kernels={KERNELS_REVISION}" + ("|graphs" if graphs else "")
+        f"|torch={torch.__version__}|kernels={KERNELS_REVISION}"
+        f"|isa={os.environ.get('SPECGEN_CPU_ISA', 'native')}" + ("|graphs" if graphs else "")
     )
 
 

@@ -167,6 +167,14 @@ static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, in
     }
 }
 
+/* The same block of the column AHEAD columns on, asked for early: a decode step waits on
+ * memory more than it computes (docs/results.md) */
+#define AHEAD 8
+static inline void prefetch_ahead(const void *w, int bits, int64_t K, int64_t n, int64_t k) {
+    int64_t bytes = bits == 4 ? K / 2 : K, at = bits == 4 ? k / 2 : k;
+    _mm_prefetch((const char *)w + (n + AHEAD) * bytes + at, _MM_HINT_T0);
+}
+
 /* R rows (a compile-time count, so the accumulators stay in registers) against W's column
  * n, columns unpacked into registers and used at once: no scratch round trip. */
 #define DIRECT(NAME, R, BITS)                                                                    \
@@ -178,6 +186,7 @@ static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, in
         if (group == 16)                                                                     \
             for (int64_t k = 0; k < K; k += 32) {                                            \
                 __m256 wv[4];                                                                \
+                prefetch_ahead(w, BITS, K, n, k);                                            \
                 unpack_regs(w, BITS, K, n, k, wv);                                           \
                 __m256 s0 = _mm256_set1_ps(sc[k >> 4]), s1 = _mm256_set1_ps(sc[(k >> 4) + 1]); \
                 for (int r = 0; r < R; r++) {                                                \
@@ -193,6 +202,7 @@ static inline void unpack_regs(const void *w, int bits, int64_t K, int64_t n, in
         else                                                                                 \
             for (int64_t k = 0; k < K; k += 32) {                                            \
                 __m256 wv[4];                                                                \
+                prefetch_ahead(w, BITS, K, n, k);                                            \
                 unpack_regs(w, BITS, K, n, k, wv);                                           \
                 __m256 s = _mm256_set1_ps(sc[k >> shift]);                                   \
                 for (int r = 0; r < R; r++) {                                                \

@@ -11,7 +11,7 @@
  * Exactness: w = s q is the dequantized weight as models/packed.py computes it (fp32
  * product of the widened scale and the integer); output (r, n) is the sum over k of
  * x[r, k] w[n, k], accumulated in 16 lanes (lane l takes k = l mod 16) by fused
- * multiply-adds in k order, then the offsets sum_g m_g xs_g multiplied into the same lanes,
+ * multiply-adds in k order, in chunks of WCH columns added up in order (join), then the offsets sum_g m_g xs_g multiplied into the same lanes,
  * then a fixed tree over the lanes (finish_tile). Neither the number of rows, nor the path (registers or scratch), nor
  * the tiling or the thread changes that, so verify rows equal decode steps bit for bit.
  */
@@ -27,7 +27,7 @@
 #define WL 16  /* lanes */
 #define WC 4   /* output columns per tile */
 #define WR 4   /* rows per register block */
-#define WKC 512 /* columns of K unpacked at a time into scratch */
+#define WKC 512 /* columns of K unpacked at a time into scratch (a multiple of WCH) */
 
 /* Four accumulators' sums, each over its own 16 lanes by one fixed tree (halves, then
  * quarters, then within a quarter), whichever slot it sits in: lane 4c holds v[c]'s sum. */
@@ -81,32 +81,45 @@ static inline void prefetch_ahead(const void *w, int bits, int64_t K, int64_t n,
     if (bits == 8) _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at + 31, _MM_HINT_T0);
 }
 
+/* Lanes are summed in registers over WCH columns of K at a time, then added to the running
+ * total in acc (the first chunk is the total): 16 lanes over all of K alone were a chain of
+ * K/16 additions per lane, a quarter less accurate than the 8-lane build's block sums;
+ * chunks of 256 make them more accurate than it, for one load, add and store a chunk. */
+#define WCH 256
+static inline void join(float *acc, int first, __m512 a) {
+    _mm512_storeu_ps(acc, first ? a : _mm512_add_ps(_mm512_loadu_ps(acc), a));
+}
+
 /* R rows x WC columns, weights unpacked into registers and used at once (few rows: decode
  * steps and verify blocks). sc[c], n[c]: column c's scales and row of W. acc: R * WC * WL. */
 #define DIRECT(NAME, R, BITS)                                                                  \
     static void NAME(const float *x, int64_t K, const void *w, const float *const *sc,         \
                      int64_t group, int shift, const int64_t *n, float *acc) {                 \
-        __m512 a[R][WC];                                                                       \
-        for (int r = 0; r < R; r++)                                                            \
-            for (int c = 0; c < WC; c++) a[r][c] = _mm512_setzero_ps();                        \
-        for (int64_t k = 0; k < K; k += 32) {                                                  \
-            __m512 wv[WC][2];                                                                  \
-            for (int c = 0; c < WC; c++) {                                                     \
-                __m512 s0, s1;                                                                 \
-                prefetch_ahead(w, BITS, K, n[c], k);                                   \
-                block_scales(sc[c], k, group, shift, &s0, &s1);                                \
-                scaled32(w, BITS, K, n[c], k, s0, s1, wv[c]);                                  \
-            }                                                                                  \
-            for (int r = 0; r < R; r++) {                                                      \
-                __m512 x0 = _mm512_loadu_ps(x + r * K + k), x1 = _mm512_loadu_ps(x + r * K + k + 16); \
+        for (int64_t k0 = 0; k0 < K; k0 += WCH) {                                              \
+            int64_t k1 = k0 + WCH < K ? k0 + WCH : K;                                          \
+            __m512 a[R][WC];                                                                   \
+            for (int r = 0; r < R; r++)                                                        \
+                for (int c = 0; c < WC; c++) a[r][c] = _mm512_setzero_ps();                    \
+            for (int64_t k = k0; k < k1; k += 32) {                                            \
+                __m512 wv[WC][2];                                                              \
                 for (int c = 0; c < WC; c++) {                                                 \
-                    a[r][c] = _mm512_fmadd_ps(x0, wv[c][0], a[r][c]);                          \
-                    a[r][c] = _mm512_fmadd_ps(x1, wv[c][1], a[r][c]);                          \
+                    __m512 s0, s1;                                                             \
+                    prefetch_ahead(w, BITS, K, n[c], k);                                       \
+                    block_scales(sc[c], k, group, shift, &s0, &s1);                            \
+                    scaled32(w, BITS, K, n[c], k, s0, s1, wv[c]);                              \
+                }                                                                              \
+                for (int r = 0; r < R; r++) {                                                  \
+                    __m512 x0 = _mm512_loadu_ps(x + r * K + k);                                \
+                    __m512 x1 = _mm512_loadu_ps(x + r * K + k + 16);                           \
+                    for (int c = 0; c < WC; c++) {                                             \
+                        a[r][c] = _mm512_fmadd_ps(x0, wv[c][0], a[r][c]);                      \
+                        a[r][c] = _mm512_fmadd_ps(x1, wv[c][1], a[r][c]);                      \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
+            for (int r = 0; r < R; r++)                                                        \
+                for (int c = 0; c < WC; c++) join(acc + (r * WC + c) * WL, k0 == 0, a[r][c]);  \
         }                                                                                      \
-        for (int r = 0; r < R; r++)                                                            \
-            for (int c = 0; c < WC; c++) _mm512_storeu_ps(acc + (r * WC + c) * WL, a[r][c]);  \
     }
 DIRECT(direct1_4, 1, 4)
 DIRECT(direct2_4, 2, 4)
@@ -120,20 +133,25 @@ DIRECT(direct4_8, 4, 8)
 /* R rows over WC columns of dequantized weights in scratch (wb[c * WKC + k], len of them),
  * continuing the accumulators in acc: the same multiply-adds in the same order as DIRECT */
 #define ROWS(NAME, R)                                                                          \
-    static void NAME(const float *x, int64_t K, const float *wb, int64_t len, float *acc) {    \
-        __m512 a[R][WC];                                                                       \
-        for (int r = 0; r < R; r++)                                                            \
-            for (int c = 0; c < WC; c++) a[r][c] = _mm512_loadu_ps(acc + (r * WC + c) * WL);   \
-        for (int64_t k = 0; k < len; k += WL) {                                                \
-            __m512 wv[WC];                                                                     \
-            for (int c = 0; c < WC; c++) wv[c] = _mm512_loadu_ps(wb + c * WKC + k);            \
-            for (int r = 0; r < R; r++) {                                                      \
-                __m512 xv = _mm512_loadu_ps(x + r * K + k);                                    \
-                for (int c = 0; c < WC; c++) a[r][c] = _mm512_fmadd_ps(xv, wv[c], a[r][c]);    \
+    static void NAME(const float *x, int64_t K, const float *wb, int64_t len, int64_t at,      \
+                     float *acc) {                                                             \
+        for (int64_t j0 = 0; j0 < len; j0 += WCH) {                                            \
+            int64_t j1 = j0 + WCH < len ? j0 + WCH : len;                                      \
+            __m512 a[R][WC];                                                                   \
+            for (int r = 0; r < R; r++)                                                        \
+                for (int c = 0; c < WC; c++) a[r][c] = _mm512_setzero_ps();                    \
+            for (int64_t k = j0; k < j1; k += WL) {                                            \
+                __m512 wv[WC];                                                                 \
+                for (int c = 0; c < WC; c++) wv[c] = _mm512_loadu_ps(wb + c * WKC + k);        \
+                for (int r = 0; r < R; r++) {                                                  \
+                    __m512 xv = _mm512_loadu_ps(x + r * K + k);                                \
+                    for (int c = 0; c < WC; c++) a[r][c] = _mm512_fmadd_ps(xv, wv[c], a[r][c]); \
+                }                                                                              \
             }                                                                                  \
+            for (int r = 0; r < R; r++)                                                        \
+                for (int c = 0; c < WC; c++)                                                   \
+                    join(acc + (r * WC + c) * WL, at + j0 == 0, a[r][c]);                      \
         }                                                                                      \
-        for (int r = 0; r < R; r++)                                                            \
-            for (int c = 0; c < WC; c++) _mm512_storeu_ps(acc + (r * WC + c) * WL, a[r][c]);  \
     }
 ROWS(rows1, 1)
 ROWS(rows2, 2)
@@ -164,7 +182,6 @@ static void direct_rows(const float *x, int rows, int64_t K, const void *w, int 
 static void scratch_tile(const float *x, int64_t M, int64_t K, const void *w, int bits,
                          const float *const *sc, int64_t group, int shift, const int64_t *n,
                          float *acc, float *wb) {
-    memset(acc, 0, sizeof(float) * M * WC * WL);
     for (int64_t k0 = 0; k0 < K; k0 += WKC) {
         int64_t len = K - k0 < WKC ? K - k0 : WKC;
         for (int c = 0; c < WC; c++)
@@ -179,10 +196,10 @@ static void scratch_tile(const float *x, int64_t M, int64_t K, const void *w, in
             const float *xr = x + r0 * K + k0;
             float *ar = acc + r0 * WC * WL;
             switch (M - r0 < WR ? (int)(M - r0) : WR) {
-            case 1: rows1(xr, K, wb, len, ar); break;
-            case 2: rows2(xr, K, wb, len, ar); break;
-            case 3: rows3(xr, K, wb, len, ar); break;
-            default: rows4(xr, K, wb, len, ar);
+            case 1: rows1(xr, K, wb, len, k0, ar); break;
+            case 2: rows2(xr, K, wb, len, k0, ar); break;
+            case 3: rows3(xr, K, wb, len, k0, ar); break;
+            default: rows4(xr, K, wb, len, k0, ar);
             }
         }
     }

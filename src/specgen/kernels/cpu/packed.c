@@ -224,6 +224,10 @@ DIRECT(direct1_8, 1, 8)
 DIRECT(direct2_8, 2, 8)
 DIRECT(direct3_8, 3, 8)
 DIRECT(direct4_8, 4, 8)
+typedef void (*Direct)(const float *, int64_t, const void *, const float *, int64_t, int, int64_t,
+                       float *);
+static const Direct DIRECT_BY[2][4] = {{direct1_8, direct2_8, direct3_8, direct4_8},
+                                       {direct1_4, direct2_4, direct3_4, direct4_4}};
 
 /* Few rows: the per-row arithmetic is tile()'s exactly (same blocks, same order), so which
  * path ran never shows in the result. acc: M * LANES floats. */
@@ -235,20 +239,7 @@ static void direct_column(const float *x, int64_t M, int64_t K, const void *w, i
         const float *xr = x + r0 * K;
         float *ar = acc + r0 * LANES;
         int rows = M - r0 < 4 ? (int)(M - r0) : 4;
-        if (bits == 4)
-            switch (rows) {
-            case 1: direct1_4(xr, K, w, sc, group, shift, n, ar); break;
-            case 2: direct2_4(xr, K, w, sc, group, shift, n, ar); break;
-            case 3: direct3_4(xr, K, w, sc, group, shift, n, ar); break;
-            default: direct4_4(xr, K, w, sc, group, shift, n, ar);
-            }
-        else
-            switch (rows) {
-            case 1: direct1_8(xr, K, w, sc, group, shift, n, ar); break;
-            case 2: direct2_8(xr, K, w, sc, group, shift, n, ar); break;
-            case 3: direct3_8(xr, K, w, sc, group, shift, n, ar); break;
-            default: direct4_8(xr, K, w, sc, group, shift, n, ar);
-            }
+        DIRECT_BY[bits == 4][rows - 1](xr, K, w, sc, group, shift, n, ar);
     }
 }
 #endif

@@ -157,25 +157,13 @@ ROWS(rows1, 1)
 ROWS(rows2, 2)
 ROWS(rows3, 3)
 ROWS(rows4, 4)
+typedef void (*Rows)(const float *, int64_t, const float *, int64_t, int64_t, float *);
+static const Rows ROWS_BY[WR] = {rows1, rows2, rows3, rows4};
 
-static void direct_rows(const float *x, int rows, int64_t K, const void *w, int bits,
-                        const float *const *sc, int64_t group, int shift, const int64_t *n,
-                        float *acc) {
-    if (bits == 4)
-        switch (rows) {
-        case 1: direct1_4(x, K, w, sc, group, shift, n, acc); break;
-        case 2: direct2_4(x, K, w, sc, group, shift, n, acc); break;
-        case 3: direct3_4(x, K, w, sc, group, shift, n, acc); break;
-        default: direct4_4(x, K, w, sc, group, shift, n, acc);
-        }
-    else
-        switch (rows) {
-        case 1: direct1_8(x, K, w, sc, group, shift, n, acc); break;
-        case 2: direct2_8(x, K, w, sc, group, shift, n, acc); break;
-        case 3: direct3_8(x, K, w, sc, group, shift, n, acc); break;
-        default: direct4_8(x, K, w, sc, group, shift, n, acc);
-        }
-}
+typedef void (*Direct)(const float *, int64_t, const void *, const float *const *, int64_t, int,
+                       const int64_t *, float *);
+static const Direct DIRECT_BY[2][WR] = {{direct1_8, direct2_8, direct3_8, direct4_8},
+                                        {direct1_4, direct2_4, direct3_4, direct4_4}};
 
 /* Many rows (prefill): each chunk of WC columns is dequantized into scratch once, then every
  * row runs over it. */
@@ -195,12 +183,7 @@ static void scratch_tile(const float *x, int64_t M, int64_t K, const void *w, in
         for (int64_t r0 = 0; r0 < M; r0 += WR) {
             const float *xr = x + r0 * K + k0;
             float *ar = acc + r0 * WC * WL;
-            switch (M - r0 < WR ? (int)(M - r0) : WR) {
-            case 1: rows1(xr, K, wb, len, k0, ar); break;
-            case 2: rows2(xr, K, wb, len, k0, ar); break;
-            case 3: rows3(xr, K, wb, len, k0, ar); break;
-            default: rows4(xr, K, wb, len, k0, ar);
-            }
+            ROWS_BY[(M - r0 < WR ? M - r0 : WR) - 1](xr, K, wb, len, k0, ar);
         }
     }
 }
@@ -254,8 +237,8 @@ int wide_columns(const float *x, int64_t M, int64_t K, const void *w, int bits,
         }
         if (direct)
             for (int64_t r0 = 0; r0 < M; r0 += WR)
-                direct_rows(x + r0 * K, M - r0 < WR ? (int)(M - r0) : WR, K, w, bits, scs, group,
-                            shift, ns, acc + r0 * WC * WL);
+                DIRECT_BY[bits == 4][(M - r0 < WR ? M - r0 : WR) - 1](x + r0 * K, K, w, scs, group,
+                                                                     shift, ns, acc + r0 * WC * WL);
         else
             scratch_tile(x, M, K, w, bits, scs, group, shift, ns, acc, wb);
         finish_tile(acc, M, cols, mn, groups, xs, y, ldy, c0);

@@ -11,13 +11,13 @@
  * Exactness: w = s q is the dequantized weight as models/packed.py computes it (fp32
  * product of the widened scale and the integer); output (r, n) is the sum over k of
  * x[r, k] w[n, k], accumulated in 16 lanes (lane l takes k = l mod 16) by fused
- * multiply-adds in k order, in chunks of WCH columns added up in order (join), then the offsets sum_g m_g xs_g multiplied into the same lanes,
- * then a fixed tree over the lanes (finish_tile). Neither the number of rows, nor the path (registers or scratch), nor
- * the tiling or the thread changes that, so verify rows equal decode steps bit for bit.
+ * multiply-adds in k order, in chunks of WCH columns added up in order (join), then the
+ * offsets sum_g m_g xs_g multiplied into the same lanes, then a fixed tree over the lanes
+ * (finish_tile). Neither the number of rows, nor the path (registers or scratch), nor the
+ * tiling or the thread changes that, so verify rows equal decode steps bit for bit.
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "packed.h"
 
@@ -32,9 +32,12 @@
 /* Four accumulators' sums, each over its own 16 lanes by one fixed tree (halves, then
  * quarters, then within a quarter), whichever slot it sits in: lane 4c holds v[c]'s sum. */
 static inline __m512 sum4(const __m512 *v) {
-    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
-    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
-    __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44),
+                               _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44),
+                               _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+    __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88),
+                             _mm512_shuffle_f32x4(x01, x23, 0xDD));
     y = _mm512_add_ps(y, _mm512_permute_ps(y, 0x4E));
     return _mm512_add_ps(y, _mm512_permute_ps(y, 0xB1));
 }
@@ -65,20 +68,22 @@ static inline void scaled32(const void *w, int bits, int64_t K, int64_t n, int64
         o[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t1);
     } else {
         const int8_t *q = (const int8_t *)w + n * K + k;
-        o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s0);
-        o[1] = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s1);
+        __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+        __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
+        o[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), s0);
+        o[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), s1);
     }
 }
 
 /* A decode step waits on memory more than it computes: the block AHEAD tiles of columns
- * further on (rows of W lie one after another) is asked for early. Any distance from 1 to 8
- * tiles did as well as another; none was a third slower (docs/results.md). */
+ * further on (rows of W lie one after another) is asked for early. Distances of 1 to 8
+ * tiles did about equally well; without it a step took a third longer (docs/results.md). */
 #define AHEAD 2
 static inline void prefetch_ahead(const void *w, int bits, int64_t K, int64_t n, int64_t k) {
     int64_t bytes = bits == 4 ? K / 2 : K, at = bits == 4 ? k / 2 : k;
     _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at, _MM_HINT_T0);
-    if (bits == 8) _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at + 31, _MM_HINT_T0);
+    if (bits == 8) /* 32 bytes may cross a line */
+        _mm_prefetch((const char *)w + (n + AHEAD * WC) * bytes + at + 31, _MM_HINT_T0);
 }
 
 /* Lanes are summed in registers over WCH columns of K at a time, then added to the running

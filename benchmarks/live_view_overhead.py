@@ -30,9 +30,9 @@ def main() -> None:
 
     from specgen.bench.suites import BUILTIN, load_suite
     from specgen.cli.common import quiet_libraries
-    from specgen.config import SpecConfig
-    from specgen.live import LiveAnswer
-    from specgen.pipeline import Pipeline
+    from specgen.types.config import SpecConfig
+    from specgen.terminal.live import LiveAnswer
+    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     pipe = Pipeline.load(args.model, spec=SpecConfig(method=args.method))

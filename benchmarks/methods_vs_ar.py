@@ -65,8 +65,8 @@ def main() -> None:
     drafters = dict(d.split("=", 1) for d in args.drafter)
 
     from specgen.cli.common import quiet_libraries
-    from specgen.config import SpecConfig
-    from specgen.pipeline import Pipeline
+    from specgen.types.config import SpecConfig
+    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     base = Pipeline.load(args.model, dtype=args.dtype)

@@ -25,8 +25,8 @@ def random_drafter(kind: str, target, layers: int, block: int):
     """A DFlash / DSpark method with random weights sized for `target`."""
     from specgen.drafting.dflash import DFlashMethod
     from specgen.drafting.dspark import DSparkMethod
-    from specgen.models.dflash import DFlashArgs, DFlashNet
-    from specgen.models.dspark import DSparkArgs, DSparkNet
+    from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
+    from specgen.models.drafters.dspark import DSparkArgs, DSparkNet
 
     a = target.args
     cfg = {
@@ -75,7 +75,7 @@ def main() -> None:
     from specgen.cli.common import quiet_libraries
     from specgen.drafting.ngram import NgramMethod
     from specgen.engine.costs import measure_costs, measure_draft_seconds
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     pipe = Pipeline.load(args.model, dtype=args.dtype)

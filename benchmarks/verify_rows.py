@@ -31,7 +31,7 @@ def main() -> None:
 
     from specgen.cli.common import quiet_libraries
     from specgen.kernels.packed import kernel_lanes
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     model = Pipeline.load(args.model).model

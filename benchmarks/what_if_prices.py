@@ -77,14 +77,14 @@ def main() -> None:
         "dspark": dspark if args.dspark is None else args.dspark,
     }
 
-    from specgen import display
+    from specgen.terminal import display
     from specgen.bench.harness import run_bench
     from specgen.bench.report import summarize
     from specgen.bench.suites import load_suite
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
     from specgen.cli.options import Run
-    from specgen.config import SamplingParams
+    from specgen.types.config import SamplingParams
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)

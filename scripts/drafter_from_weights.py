@@ -7,7 +7,7 @@ The drafter it continues (`--like`) gives the shape, the draft vocabulary and th
 record; the held-out τ is measured here on the same split training used.
 
   python scripts/drafter_from_weights.py --weights dflash.net.safetensors \
-      --like src/specgen/drafters/smollm2-135m-dflash --out build/gpu-dflash \
+      --like src/specgen/assets/drafters/smollm2-135m-dflash --out build/gpu-dflash \
       --record '{"steps": 1000, "device": "cuda"}'
 """
 
@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from specgen.drafting.vocab import save_draft_vocab
 from specgen.hub import resolve_model
 from specgen.models.loading import load_target, read_config
-from specgen.paths import specgen_home
+from specgen.types.paths import specgen_home
 from specgen.training.checkpoint import save_drafter
 from specgen.training.evaluate import offline_acceptance
 from specgen.training.loop import (

@@ -300,7 +300,7 @@ def embedded_gguf() -> Path:
 @pytest.fixture(scope="session")
 def embedded_dir(embedded_gguf, tmp_path_factory) -> Path:
     """The embedded GGUF converted once per test session (tens of seconds)."""
-    from specgen.models.gguf import ensure_converted
+    from specgen.models.formats.gguf.convert import ensure_converted
 
     home = tmp_path_factory.getbasetemp() / "home" / "specgen"
     old = os.environ.get("SPECGEN_HOME")
@@ -622,7 +622,7 @@ def tiny_dspark(tmp_path_factory) -> Path:
 def second_token_tv(pipe, target, text: str = "The quick brown fox", n: int = 1500):
     """(total variation between the empirical and exact distributions of the second token
     `pipe` samples at T = 1, top-k 4, over `n` seeds; the same for a random distribution)."""
-    from specgen.config import SamplingParams
+    from specgen.types.config import SamplingParams
     from specgen.verify.sampling import probabilities
 
     params = SamplingParams(temperature=1.0, top_k=4)
@@ -680,7 +680,7 @@ def tiny_answers(tiny_qwen3_deep, tmp_path) -> Path:
     writes them (a training data file)."""
     import json
 
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     rows = []

@@ -8,8 +8,8 @@ import pytest
 import torch
 from eagle3_helpers import save_eagle3
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from conftest import tiny_tokenizer
-from specgen.events import TokenLogprob
-from specgen.pipeline import Chunk
+from specgen.types.events import TokenLogprob
+from specgen.api.pipeline import Chunk
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
-from specgen.stats import GenStats
-from specgen.text import TextCodec
+from specgen.types.stats import GenStats
+from specgen.text.codec import TextCodec
 
 
 class StubPipe:
@@ -50,7 +50,7 @@ class StubPipe:
         """The scripted answer's tokens, one a step, as the pipeline streams them (its
         text decoded without special tokens); with logprobs asked for, each token's is
         -(its position + 1), its top tokens the token itself and the ids after it (mod 256)."""
-        from specgen.text import Detokenizer
+        from specgen.text.codec import Detokenizer
 
         self.prompts.append(list(ids))
         text = self.answers[(len(self.prompts) - 1) % len(self.answers)]

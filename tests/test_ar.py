@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from conftest import FAMILIES
-from specgen.config import SamplingParams
+from specgen.types.config import SamplingParams
 from specgen.engine.ar import generate_ar
-from specgen.errors import PromptError
+from specgen.types.errors import PromptError
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
 GREEDY = SamplingParams()

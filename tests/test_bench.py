@@ -15,11 +15,11 @@ from specgen.bench.harness import BenchRun, Divergence, PromptRun, run_bench
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.errors import ModelNotFoundError, PromptError, SpecgenError
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.types.errors import ModelNotFoundError, PromptError, SpecgenError
 from specgen.models.families import model_args
-from specgen.pipeline import Pipeline
-from specgen.stats import GenStats
+from specgen.api.pipeline import Pipeline
+from specgen.types.stats import GenStats
 
 runner = CliRunner()
 
@@ -166,7 +166,7 @@ def test_plot_writes_a_png(tmp_path, monkeypatch):
 
 
 def test_table_fits_80_columns_and_pipes_get_plain_text():
-    from specgen.display import plain
+    from specgen.terminal.display import plain
 
     runs = []
     for m in ("ar", "ngram", "dflash", "dspark", "stacked"):

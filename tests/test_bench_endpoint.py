@@ -22,9 +22,9 @@ from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.stream import SSEDecoder, collect, served_stats
 from specgen.cli import app
-from specgen.config import SamplingParams
-from specgen.errors import SpecgenError
-from specgen.stats import GenStats
+from specgen.types.config import SamplingParams
+from specgen.types.errors import SpecgenError
+from specgen.types.stats import GenStats
 
 runner = CliRunner()
 KEY = "bench-key"
@@ -498,7 +498,7 @@ def test_a_served_text_that_differs_from_ar_s_names_the_token(tiny_llama):
     from specgen.bench.harness import _text_divergence, run_bench
     from specgen.bench.stream import Answer
     from specgen.bench.suites import BenchPrompt
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     want = ar.generate("The quick brown fox", max_new_tokens=10).token_ids

@@ -241,7 +241,7 @@ def test_pull_unknown_alias_and_offline(monkeypatch):
 
 def _interrupt_after(monkeypatch, chunks_before_interrupt):
     """Make the next stream raise KeyboardInterrupt (as Ctrl-C does) after some chunks."""
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     real = Pipeline.stream_ids
     state = {"armed": True}

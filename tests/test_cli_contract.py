@@ -12,7 +12,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.stats import GenStats
+from specgen.types.stats import GenStats
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
@@ -70,7 +70,7 @@ def test_help_says_what_each_command_does_with_the_shared_options():
 
 def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
     from specgen.cli.options import DEFAULTS, GROUPS, run_options
-    from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
+    from specgen.types.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
     from specgen.serve.openai_api import Defaults
 
     sampling, spec = SamplingParams(), SpecConfig()
@@ -199,8 +199,8 @@ def test_bad_lines_in_a_prompt_file_are_reported_in_place(tiny_llama, tmp_path):
 
 def _fake_answers(monkeypatch, limit: int) -> list[int]:
     """Every answer is "ANSWER"; a prompt over `limit` tokens fails as a full context does."""
-    from specgen.models.kv_cache import ContextLimitError
-    from specgen.pipeline import Chunk, Pipeline
+    from specgen.models.cache.kv import ContextLimitError
+    from specgen.api.pipeline import Chunk, Pipeline
 
     seen: list[int] = []
 
@@ -219,7 +219,7 @@ def _fake_answers(monkeypatch, limit: int) -> list[int]:
 @pytest.fixture
 def one_turn_limit(tiny_llama) -> int:
     """A context that holds any one short turn but not two."""
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     pipe = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     return max(len(pipe.encode([{"role": "user", "content": t}])) for t in ("one", "two")) + 2

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.config import SpecConfig
+from specgen.types.config import SpecConfig
 from specgen.engine.costs import CHECK_STEPS, DRIFT, CostCheck
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.stats import GenStats
+from specgen.types.stats import GenStats
 
 runner = CliRunner()
 

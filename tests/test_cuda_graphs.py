@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.types.config import SamplingParams, SpecConfig
 from specgen.kernels.block_attention import block_attention_masked, block_attention_torch
 from specgen.models.graphs import GraphedForward
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 
 @pytest.mark.parametrize("window", [None, 5])

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.models.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
-from specgen.models.dflash_reference import reference_block_hidden
+from specgen.types.config import SpecConfig
+from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.models.drafters.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
+from oracles.dflash import reference_block_hidden
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 
 def _json(name):

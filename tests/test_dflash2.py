@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dflash, save_tiny_dflash2
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.errors import CheckpointError
-from specgen.models.dflash import check_pair
-from specgen.models.dflash2 import DFlash2Args, load_dflash2
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.types.errors import CheckpointError
+from specgen.models.drafters.dflash import check_pair
+from specgen.models.drafters.dflash2 import DFlash2Args, load_dflash2
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.verify.sampling import make_generator, probabilities
 
 FIXTURE = "dflash2-qwen3.6-27b.config.json"

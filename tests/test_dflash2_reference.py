@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from conftest import TINY_VOCAB, save_tiny_dflash2
-from specgen.config import SamplingParams, SpecConfig
+from specgen.types.config import SamplingParams, SpecConfig
 from specgen.drafting.dflash2 import DFlash2Drafter
-from specgen.models.dflash2 import load_dflash2
+from specgen.models.drafters.dflash2 import load_dflash2
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 if importlib.util.find_spec("dflash") is None:
     if os.environ.get("SPECGEN_REQUIRE_ORACLES") == "1":

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.models.dflash import load_dflash
+from specgen.models.drafters.dflash import load_dflash
 from specgen.models.loading import load_target
 
 if importlib.util.find_spec("dflash") is None:

@@ -10,19 +10,19 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
-from specgen.config import SamplingParams, SpecConfig
+from specgen.types.config import SamplingParams, SpecConfig
 from specgen.drafting.dspark import markov_draw
 from specgen.drafting.vocab import save_draft_vocab
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.models.dflash import check_pair
-from specgen.models.dflash_reference import reference_block_hidden
-from specgen.models.dspark import DSparkArgs, load_dspark
-from specgen.models.dspark_reference import reference_heads
+from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.models.drafters.dflash import check_pair
+from oracles.dflash import reference_block_hidden
+from specgen.models.drafters.dspark import DSparkArgs, load_dspark
+from oracles.dspark import reference_heads
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.spec import load_method
+from specgen.api.spec import load_method
 from specgen.verify.sampling import make_generator, probabilities
 
 FIXTURE = "dspark-qwen3-4b-block7.config.json"

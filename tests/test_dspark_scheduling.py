@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import chi_square_pvalue
-from specgen.config import SamplingParams, VerifyPolicy
-from specgen.draft import Draft
+from specgen.types.config import SamplingParams, VerifyPolicy
+from specgen.types.draft import Draft
 from specgen.drafting.calibration import (
     Calibration,
     Step,
@@ -19,7 +19,7 @@ from specgen.drafting.calibration import (
     load_calibration,
     save_calibration,
 )
-from specgen.errors import CheckpointError, SpecgenError
+from specgen.types.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.scheduling.verify_length import (

@@ -8,10 +8,10 @@ import torch
 from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
 
 from conftest import FAMILIES, TINY_VOCAB
-from specgen.config import SamplingParams, SpecConfig
-from specgen.models.eagle3_config import Eagle3Args
-from specgen.models.eagle3_reference import Reference
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.models.drafters.eagle3_config import Eagle3Args
+from oracles.eagle3 import Reference
+from specgen.api.pipeline import Pipeline
 
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Speculative decoding drafts tokens")
 
@@ -265,8 +265,8 @@ def _public_config(layout, size):
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "deepspec"])
 @pytest.mark.parametrize("size", ["4b", "8b"])
 def test_public_shaped_configs_pair_with_their_targets(layout, size):
-    from specgen.errors import CheckpointError
-    from specgen.models.eagle3_config import check_pair
+    from specgen.types.errors import CheckpointError
+    from specgen.models.drafters.eagle3_config import check_pair
     from specgen.models.families import model_args
 
     target = model_args(_real(f"qwen3-{size}.config.json"))

@@ -9,8 +9,8 @@ import pytest
 from eagle3_helpers import save_eagle3
 from test_embedded import _questions
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
 from test_eagle3 import VARIANTS
 
 from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.config import SamplingParams, SpecConfig
+from specgen.types.config import SamplingParams, SpecConfig
 from specgen.drafting.stacked import StackedDrafter
-from specgen.models.eagle3_reference import Reference
-from specgen.pipeline import Pipeline
+from oracles.eagle3 import Reference
+from specgen.api.pipeline import Pipeline
 from specgen.verify.sampling import probabilities
 
 PROMPTS = ("The quick brown fox", "one two one two one two")  # the second: a chat turn

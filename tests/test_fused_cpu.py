@@ -1,4 +1,4 @@
-"""The fused CPU pass (models/fused_cpu.py, kernels/cpu/decoder.c) on packed targets: the
+"""The fused CPU pass (models/fused/cpu_pass.py, kernels/cpu/decoder.c) on packed targets: the
 model it computes (against a float64 oracle, as accurately as the eager layers), rows that
 never depend on the rows or threads beside them, and the targets it must leave to the
 eager layers."""
@@ -11,10 +11,10 @@ from packed_helpers import write_tiny_gguf
 from test_packed_methods import MIXES, wide_qwen2  # noqa: F401  (a fixture)
 
 from specgen.kernels.packed import cpu_library
-from specgen.models.fused_cpu import FusedPass
+from specgen.models.fused.cpu_pass import FusedPass
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.weights import convert_weights
+from specgen.models.formats.weights import convert_weights
 
 pytestmark = pytest.mark.skipif(cpu_library() is None, reason="no C compiler")
 
@@ -130,7 +130,7 @@ def test_the_pass_follows_weights_that_change(tiny_dirs, monkeypatch):
 
 
 def test_the_context_limit_is_refused_before_anything_is_written(tiny_dirs, tmp_path):
-    from specgen.models.kv_cache import ContextLimitError
+    from specgen.models.cache.kv import ContextLimitError
 
     hf = tiny_dirs["qwen3"]
     write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q8_0"])

@@ -10,8 +10,8 @@ import torch
 from packed_helpers import write_tiny_gguf
 from test_packed_families import MIXES
 
-from specgen.models.fused_cpu import FusedPass
-from specgen.models.fused_threads import FIRST_PROBE, LAST_PROBE, ThreadTuner, candidates
+from specgen.models.fused.cpu_pass import FusedPass
+from specgen.models.fused.threads import FIRST_PROBE, LAST_PROBE, ThreadTuner, candidates
 from specgen.models.loading import load_gguf_target
 
 

@@ -23,15 +23,15 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, save_tiny_gemma4
 from specgen.cli import app
-from specgen.config import FULL, SLIDING
-from specgen.errors import CheckpointError
+from specgen.types.config import FULL, SLIDING
+from specgen.types.errors import CheckpointError
 from specgen.models import loading
 from specgen.models.families import model_args
 from specgen.models.graphs import GraphedForward
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer, attention_mask
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # fp32: the same ops in another order (logits; taps: see `assert_tap_close`)
@@ -327,7 +327,7 @@ def test_what_specgen_does_not_build_is_refused_in_one_line(tiny_gemma4, edits, 
 def test_cli_ar_is_transformers_greedy_generate(tiny_gemma4):
     from transformers import AutoModelForCausalLM
 
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
     prompt = "The quick brown fox"
     args = ["generate", prompt, "--raw", "--json", "--model", str(tiny_gemma4), "-n", "24"]

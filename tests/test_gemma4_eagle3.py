@@ -15,14 +15,14 @@ from gemma4_drafters_helpers import checkpoint_tensors, save_deepspec_eagle3
 from test_cli import FAST, assert_one_line_error, run
 
 from conftest import FIXTURES, TINY_VOCAB, second_token_tv
-from specgen.config import SamplingParams, SpecConfig
-from specgen.errors import CheckpointError
-from specgen.models.eagle3 import load_eagle3
-from specgen.models.eagle3_config import Eagle3Args, check_pair
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.types.errors import CheckpointError
+from specgen.models.drafters.eagle3 import load_eagle3
+from specgen.models.drafters.eagle3_config import Eagle3Args, check_pair
 from specgen.models.families import model_args
-from specgen.models.gemma4_eagle3_reference import reference_gemma_eagle3_chain
+from oracles.gemma4_eagle3 import reference_gemma_eagle3_chain
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.verify.sampling import probabilities
 
 CONFIG_12B = "eagle3-gemma4-12b-ttt7.config.json"

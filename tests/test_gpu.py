@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu
 

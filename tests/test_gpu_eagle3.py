@@ -11,8 +11,8 @@ import pytest
 import torch
 from eagle3_helpers import save_eagle3
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu
 

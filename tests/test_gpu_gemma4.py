@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 from gemma4_drafters_helpers import save_deepspec_drafter, save_zlab_gemma_drafter
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu
 

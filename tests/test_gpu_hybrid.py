@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu
 

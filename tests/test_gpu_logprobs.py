@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu
 

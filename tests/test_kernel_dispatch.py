@@ -11,8 +11,8 @@ import importlib
 
 import pytest
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 DISPATCHERS = (
     "specgen.kernels.verify",

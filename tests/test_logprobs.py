@@ -8,9 +8,9 @@ import pytest
 import torch
 from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
-from specgen.config import SamplingParams
+from specgen.types.config import SamplingParams
 from specgen.engine import score
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 
 TOP = 5
 PROMPTS = ("The quick brown fox", "one two one two one two", "Café, naïve, 東京, привет")
@@ -162,8 +162,8 @@ def test_prompt_logprobs_are_transformers_and_leave_the_prompt_cached(
 
 
 def test_prompt_logprobs_bad_input(pipes):
-    from specgen.errors import OptionError, PromptError
-    from specgen.models.kv_cache import ContextLimitError
+    from specgen.types.errors import OptionError, PromptError
+    from specgen.models.cache.kv import ContextLimitError
 
     pipe = pipes["ar"]
     with pytest.raises(OptionError):

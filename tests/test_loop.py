@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from conftest import FAMILIES
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.types.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Drafter
 from specgen.drafting.ngram import NgramDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
 

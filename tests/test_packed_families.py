@@ -10,7 +10,7 @@ transformers 5.25 as an extra oracle: it reads a `qwen35` GGUF itself
 logits are held to its model too. It cannot load a `gemma4` GGUF: its reader rebuilds the
 config with another model's defaults (head dim 256, per-layer input embeddings, its own
 layer pattern) and the load stops on mismatched shapes; specgen builds that config itself
-(models/gguf.py) and that path is checked against the checkpoint's own config here.
+(models/formats/gguf/convert.py) and that path is checked against the checkpoint's own config here.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from llamacpp_convert import Converter, text_config
 from packed_helpers import write_tiny_gguf
 
 from conftest import save_tiny_dflash, save_tiny_gemma4, save_tiny_qwen3_5
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError
+from specgen.types.config import SpecConfig
+from specgen.types.errors import CheckpointError
 from specgen.models.families import model_args
-from specgen.models.gguf import ensure_converted
+from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.packed import PackedMatrix, quantize
-from specgen.models.weights import DenseWeight, LinearWeight
-from specgen.pipeline import Pipeline
+from specgen.models.formats.packed_matrix import PackedMatrix, quantize
+from specgen.models.formats.weights import DenseWeight, LinearWeight
+from specgen.api.pipeline import Pipeline
 
 MIXES = {  # as llama.cpp files mix formats (a Q4_K_M keeps ffn_down and attn_v in Q6_K)
     "q8_0": {"": "Q8_0"},
@@ -149,7 +149,7 @@ def test_transformers_reads_the_same_qwen3_5_file(targets, tmp_path, family, mix
 
 def test_the_config_comes_from_the_files_metadata(targets, tmp_path):
     """`--model FILE.gguf` has no config.json: Qwen3.5's comes from transformers' reader,
-    Gemma 4's from specgen's (models/gguf.py). Either describes the model the checkpoint's
+    Gemma 4's from specgen's (models/formats/gguf/convert.py). Either describes the model the checkpoint's
     own config does (rms_norm_eps goes through the file's fp32). A Qwen3.5 file with its
     multi-token-prediction block (one more `blk.`) is the same model."""
     for family, mtp in (("qwen3_5", 0), ("qwen3_5", 1), ("wide qwen3_5", 0), ("gemma4", 0),
@@ -172,7 +172,7 @@ def test_the_config_comes_from_the_files_metadata(targets, tmp_path):
 def test_dequantize_runs_the_files_matrices_dense(targets, tmp_path):
     """`--dequantize`: transformers cannot dequantize these files, so the packed load is
     dequantized in memory, to the oracle's weights exactly."""
-    from specgen.loader import load_target
+    from specgen.api.loader import load_target
 
     for family in ("qwen3_5", "gemma4"):
         oracle = write_tiny_gguf(targets[family], tmp_path / f"{family}.gguf", MIXES["q4_1"])

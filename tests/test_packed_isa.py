@@ -62,7 +62,7 @@ def test_each_narrower_build_runs_its_own_path_exactly(isa, lanes):
 def test_an_unknown_isa_is_named_and_the_slow_path_runs():
     code = (
         "import torch; from specgen.kernels.packed import kernel_lanes, packed_linear;"
-        "from specgen.models.packed import quantize; m = quantize(torch.randn(8, 64), 4, 32);"
+        "from specgen.models.formats.packed_matrix import quantize; m = quantize(torch.randn(8, 64), 4, 32);"
         "x = torch.randn(2, 64); y = packed_linear(x, m);"
         "assert torch.allclose(y, x @ m.dequantize().T, atol=1e-4); print(kernel_lanes())"
     )

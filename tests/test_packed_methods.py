@@ -8,13 +8,13 @@ import pytest
 import torch
 from packed_helpers import write_tiny_gguf
 
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError, OptionError
-from specgen.loader import Decoding, Target, load_target
+from specgen.types.config import SpecConfig
+from specgen.types.errors import CheckpointError, OptionError
+from specgen.api.loader import Decoding, Target, load_target
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.weights import DenseWeight, LinearWeight
-from specgen.pipeline import Pipeline
+from specgen.models.formats.weights import DenseWeight, LinearWeight
+from specgen.api.pipeline import Pipeline
 
 MIXES = {  # how llama.cpp files mix formats: a Q4_K_M keeps attn_v and ffn_down in Q6_K
     "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},

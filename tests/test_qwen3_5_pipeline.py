@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32"]
@@ -169,7 +169,7 @@ def test_an_answer_stopped_mid_stream_leaves_an_exact_session(ar, dflash):
 def test_cli_ar_is_transformers_greedy_generate(tiny_qwen3_5):
     from transformers import AutoModelForImageTextToText
 
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
     prompt = "The quick brown fox"
     args = ["generate", prompt, "--raw", "--json", "--model", str(tiny_qwen3_5), "-n", "24"]
@@ -241,7 +241,7 @@ def test_thinking_follows_the_drafters_and_a_mismatch_is_said_once(
 ):
     """An alias whose drafters were trained with thinking on gets it by default; asking for
     the other mode works, with one note that acceptance will suffer."""
-    from specgen import loader
+    from specgen.api import loader
     from specgen.hub import ResolvedModel
     from specgen.registry import MODELS, ModelEntry
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SpecConfig
+from specgen.api.pipeline import Pipeline
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the replay is research code beside the benchmarks

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption
+from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.types.draft import Draft, DraftOption
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from serve_helpers import CPU, Server
 
-from specgen.config import SamplingParams
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams
+from specgen.api.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 LM_EVAL = os.environ.get("SPECGEN_LM_EVAL") or shutil.which("lm_eval")

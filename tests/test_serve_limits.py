@@ -350,12 +350,12 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     temperature 1e-300 (a NaN softmax)."""
     from fastapi.testclient import TestClient
 
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
     from specgen.serve.app import Service, build_app
     from specgen.serve.metrics import Metrics
     from specgen.serve.openai_api import Defaults
     from specgen.serve.worker import Worker
-    from specgen.spec import SpecConfig
+    from specgen.api.spec import SpecConfig
 
     def load():
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))

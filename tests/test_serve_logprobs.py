@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_stub import StubPipe, codec_with, stub_app
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults

@@ -15,7 +15,7 @@ from specgen.serve.errors import APIError
 from specgen.serve.openai_api import Defaults, parse
 from specgen.serve.report import histogram
 from specgen.serve.stops import Piece, StopCut
-from specgen.stats import GenStats
+from specgen.types.stats import GenStats
 
 # --- stop strings ---------------------------------------------------------------------------
 
@@ -231,7 +231,7 @@ class ScriptedPipe:
         return [list(self.scripts).index(prompt)] * 3
 
     def stream_ids(self, ids, sampling=None, max_new_tokens=256):
-        from specgen.pipeline import Chunk
+        from specgen.api.pipeline import Chunk
 
         name = list(self.scripts)[ids[0]]
         stats = GenStats(prompt_tokens=len(ids), prefill_tokens=len(ids))

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.pipeline import Pipeline
+from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.types.draft import Draft, DraftOption
+from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.models.drafters.dflash import load_dflash
+from specgen.models.drafters.dspark import load_dspark
 from specgen.models.loading import load_target
 from specgen.training.blocks import block_forward, make_blocks
 

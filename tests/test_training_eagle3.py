@@ -11,11 +11,11 @@ import torch
 from eagle3_helpers import save_eagle3, save_target
 from test_cli import assert_one_line_error, run
 
-from specgen.config import SpecConfig
+from specgen.types.config import SpecConfig
 from specgen.drafting.eagle3 import Eagle3Method
-from specgen.models.eagle3 import load_eagle3
+from specgen.models.drafters.eagle3 import load_eagle3
 from specgen.models.loading import load_target, read_config
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.training.eagle3 import (
     CHAIN,
     accepted_lengths,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SpecConfig
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.types.config import SpecConfig
+from specgen.models.drafters.dflash import load_dflash
+from specgen.models.drafters.dspark import load_dspark
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.training.evaluate import accepted_lengths, offline_acceptance
 from specgen.training.features import SHARD, target_features
 from specgen.training.trainer import Prepared, Sequence, prepare, sequence_loss, trainable

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.dspark import load_dspark
-from specgen.models.dspark_reference import reference_heads
+from specgen.models.drafters.dspark import load_dspark
+from oracles.dspark import reference_heads
 from specgen.models.loading import load_target
 from specgen.training.losses import dflash_loss, dspark_loss, markov_logits, slot_weights
 

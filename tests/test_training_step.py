@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SpecConfig
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.types.config import SpecConfig
+from specgen.models.drafters.dflash import load_dflash
+from specgen.models.drafters.dspark import load_dspark
 from specgen.models.loading import load_target, read_config
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 from specgen.training.checkpoint import save_drafter
 from specgen.training.trainer import Sequence, sequence_loss, trainable
 

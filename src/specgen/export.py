@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.errors import SpecgenError
+from specgen.types.errors import SpecgenError
 from specgen.hub import PACKAGED, packaged_drafter
 from specgen.registry import MODELS
 

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.errors import ModelNotFoundError
-from specgen.models.gguf import ensure_converted
+from specgen.types.errors import ModelNotFoundError
+from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.registry import MODELS, ModelEntry
 
 ALLOW_PATTERNS = [
@@ -191,14 +191,14 @@ def _hub_errors(repo: str, how: str, offline: bool) -> Iterator[None]:
         raise ModelNotFoundError(f"{repo}: download failed ({e})") from None
 
 
-PACKAGED = "specgen:"  # registry drafters that ship inside the package (src/specgen/drafters)
+PACKAGED = "specgen:"  # registry drafters that ship inside the package (src/specgen/assets/drafters)
 
 
 def packaged_drafter(spec: str) -> Path:
     """The directory of a drafter shipped with specgen (`specgen:NAME`)."""
     from importlib.resources import files
 
-    path = Path(str(files("specgen") / "drafters" / spec.removeprefix(PACKAGED)))
+    path = Path(str(files("specgen") / "assets" / "drafters" / spec.removeprefix(PACKAGED)))
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise ModelNotFoundError(
             f"{spec}: this drafter should ship with specgen but is missing from {path} "

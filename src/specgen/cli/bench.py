@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
+from specgen.terminal import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
-from specgen.errors import SpecgenError
-from specgen.methods import AR
+from specgen.types.errors import SpecgenError
+from specgen.types.config import AR
 
 if TYPE_CHECKING:
     from specgen.bench.endpoint import EndpointClient
@@ -213,7 +213,7 @@ def _endpoints(
 ) -> dict[str, EndpointClient]:
     """Each --endpoint, probed (its models listed, a short warm-up answer), by its name."""
     from specgen.bench.endpoint import EndpointClient, base_url, default_name
-    from specgen.spec import METHODS
+    from specgen.api.spec import METHODS
 
     if (models or names) and not urls:
         raise SpecgenError("--endpoint-model and --endpoint-name need an --endpoint URL")
@@ -248,12 +248,12 @@ def _endpoints(
 
 def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     """The AR pipeline and one per method, all on one loaded target, with the same engine
-    and CUDA-graph settings (`specgen.method_pipelines.load_methods`); hf: transformers'
+    and CUDA-graph settings (`specgen.api.method_pipelines.load_methods`); hf: transformers'
     generate."""
     from specgen.drafting import DRAFTERS
-    from specgen.method_pipelines import drafters_by_kind, load_methods
+    from specgen.api.method_pipelines import drafters_by_kind, load_methods
     from specgen.registry import MODELS
-    from specgen.spec import METHODS
+    from specgen.api.spec import METHODS
 
     by_kind = drafters_by_kind(drafters)
     if methods is None:

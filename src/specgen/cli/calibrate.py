@@ -14,11 +14,11 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
+from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import Run, run_options
-from specgen.errors import SpecgenError
-from specgen.prompts import read_prompts
+from specgen.types.errors import SpecgenError
+from specgen.text.prompts import read_prompts
 
 
 @run_options(

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
+from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, JsonOpt, Run, run_options
-from specgen.config import SamplingParams
-from specgen.errors import PromptError, SpecgenError
-from specgen.live import answer_view
-from specgen.pipeline import Completion
-from specgen.prompts import PromptLine, read_prompts, read_stdin_prompt
+from specgen.types.config import SamplingParams
+from specgen.types.errors import PromptError, SpecgenError
+from specgen.terminal.live import answer_view
+from specgen.api.pipeline import Completion
+from specgen.text.prompts import PromptLine, read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
-    from specgen.stats import GenStats
+    from specgen.api.pipeline import Pipeline
+    from specgen.types.stats import GenStats
 
 EXAMPLES = """
 Examples:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
 
-from specgen.config import (
+from specgen.types.config import (
     DEFAULT_MAX_NEW_TOKENS,
     SamplingParams,
     SpecConfig,
@@ -30,12 +30,12 @@ from specgen.config import (
     checked_max_new_tokens,
 )
 from specgen.drafting import METHODS
-from specgen.errors import SpecgenError
-from specgen.methods import AR
+from specgen.types.errors import SpecgenError
+from specgen.types.config import AR
 from specgen.registry import DEFAULT_ALIAS
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 DEFAULT_MODEL = DEFAULT_ALIAS
 
@@ -257,9 +257,9 @@ class Run:
 
     def load(self, spec: SpecConfig | None = None) -> Pipeline:
         """The target (and drafter) these options name, reporting slow one-off work."""
-        from specgen import display
+        from specgen.terminal import display
         from specgen.cli.common import quiet_libraries
-        from specgen.pipeline import Pipeline
+        from specgen.api.pipeline import Pipeline
 
         quiet_libraries()
         if self.threads is not None:

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
+from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
-from specgen.errors import SpecgenError
+from specgen.types.errors import SpecgenError
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 EXAMPLES = """
 Examples:
@@ -130,7 +130,7 @@ serve.__doc__ = (serve.__doc__ or "") + EXAMPLES
 
 def _names(methods: list[str] | None, run: Run) -> list[str]:
     """The methods to load, the default first; empty: the one `--method` says."""
-    from specgen.spec import METHODS
+    from specgen.api.spec import METHODS
 
     names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
     if not names:
@@ -145,14 +145,14 @@ def _names(methods: list[str] | None, run: Run) -> list[str]:
 def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
     """What the server's worker thread calls to load the pipelines (method -> pipeline):
     as `generate` loads one, or the first of `names` and the others on its weights
-    (`specgen.method_pipelines.load_methods`)."""
+    (`specgen.api.method_pipelines.load_methods`)."""
 
     def load_one() -> dict[str, Pipeline]:
         pipe = run.load()
         return {pipe.spec.method: pipe}
 
     def load_several() -> dict[str, Pipeline]:
-        from specgen.method_pipelines import drafters_by_kind, load_methods
+        from specgen.api.method_pipelines import drafters_by_kind, load_methods
 
         plain = replace(run, method=None)  # --method ar names the default, not "no drafter"
         return load_methods(

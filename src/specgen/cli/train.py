@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
+from specgen.terminal import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import DebugOpt, DequantizeOpt, DeviceOpt, ModelOpt, QuantizeOpt, Run
-from specgen.display import plural
+from specgen.terminal.display import plural
 
 
 def train(
@@ -110,12 +110,12 @@ def train(
         quiet_libraries()
         import torch
 
-        from specgen.device import resolve_device
-        from specgen.errors import SpecgenError
+        from specgen.types.device import resolve_device
+        from specgen.types.errors import SpecgenError
         from specgen.hub import resolve_model
-        from specgen.loader import load_weights
+        from specgen.api.loader import load_weights
         from specgen.models.loading import read_config
-        from specgen.paths import specgen_home
+        from specgen.types.paths import specgen_home
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
@@ -213,9 +213,9 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
     """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
     import torch
 
-    from specgen.loader import load_weights
-    from specgen.prompts import read_prompts
-    from specgen.text import TextCodec
+    from specgen.api.loader import load_weights
+    from specgen.text.prompts import read_prompts
+    from specgen.text.codec import TextCodec
     from specgen.training.generate import answer_prompts, generation_dtype
 
     texts = [p.text for path in prompts for p in read_prompts(path)]

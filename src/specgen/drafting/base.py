@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
-from specgen.draft import Draft, DraftOption
-from specgen.errors import CheckpointError
-from specgen.methods import AR
+from specgen.types.draft import Draft, DraftOption
+from specgen.types.errors import CheckpointError
+from specgen.types.config import AR
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams, SpecConfig
+    from specgen.types.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.types.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.static_draft import StaticBlockDraft
-from specgen.models.dflash import DFlashNet, load_dflash
+from specgen.models.drafters.dflash import DFlashNet, load_dflash
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams
+    from specgen.types.config import SamplingParams
     from specgen.models.transformer import Transformer
 
 

@@ -1,5 +1,5 @@
 """`--method dflash2`: z-lab's DFlash 2 drafter (DFlash's block pass, convolutions in every
-layer, and a candidate selector that drafts a chain; models/dflash2.py).
+layer, and a candidate selector that drafts a chain; models/drafters/dflash2.py).
 
 Each step runs the block once, as DFlash, then walks the draft slots left to right through
 the selector: top-`selector_top_k` candidates of each slot's logits, scored against the
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.types.config import SamplingParams
+from specgen.types.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.static_draft import StaticBlockDraft
-from specgen.models.dflash2 import ARCHITECTURE, DFlash2Net, load_dflash2
+from specgen.models.drafters.dflash2 import ARCHITECTURE, DFlash2Net, load_dflash2
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.types.config import SamplingParams
+from specgen.types.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.calibration import Calibration, load_calibration
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab
 from specgen.kernels import backend
-from specgen.models.dspark import DSparkNet, load_dspark
+from specgen.models.drafters.dspark import DSparkNet, load_dspark
 from specgen.models.graphs import graphs_failed
 from specgen.verify.sampling import probabilities
 

@@ -1,4 +1,4 @@
-"""`--method eagle3`: an EAGLE-3 drafter drafting a chain of k tokens (models/eagle3.py).
+"""`--method eagle3`: an EAGLE-3 drafter drafting a chain of k tokens (models/drafters/eagle3.py).
 
 The drafter's entry i pairs the target's fused features at position i with the token at
 i + 1, so an entry can be committed only once both are in the target cache: after the
@@ -34,16 +34,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.types.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
 from specgen.drafting.eagle3_chain import ChainSteps, pick
-from specgen.errors import SpecgenError
-from specgen.models.eagle3 import Eagle3Net, load_eagle3
-from specgen.models.eagle3_config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
+from specgen.types.errors import SpecgenError
+from specgen.models.drafters.eagle3 import Eagle3Net, load_eagle3
+from specgen.models.drafters.eagle3_config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams, SpecConfig
+    from specgen.types.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 

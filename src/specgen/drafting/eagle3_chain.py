@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.draft import Draft
+from specgen.types.draft import Draft
 from specgen.models.graphs import Replay, set_input
 from specgen.verify.sampling import probabilities
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams
-    from specgen.models.eagle3 import Eagle3Net
-    from specgen.models.kv_cache import StaticKVCache
+    from specgen.types.config import SamplingParams
+    from specgen.models.drafters.eagle3 import Eagle3Net
+    from specgen.models.cache.kv import StaticKVCache
     from specgen.models.transformer import Transformer
 
 

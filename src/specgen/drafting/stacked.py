@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from specgen.draft import Draft, DraftOption
+from specgen.types.draft import Draft, DraftOption
 from specgen.drafting.base import (
     DRAFTERS,
     Checkpoint,
@@ -36,10 +36,10 @@ from specgen.drafting.base import (
     method_of,
     register,
 )
-from specgen.errors import CheckpointError, SpecgenError
+from specgen.types.errors import CheckpointError, SpecgenError
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams, SpecConfig
+    from specgen.types.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 

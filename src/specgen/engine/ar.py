@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.types.config import SamplingParams
 from specgen.engine.answer import Answer, reported
-from specgen.events import StepEvent
-from specgen.models.kv_cache import StaticKVCache
+from specgen.types.events import StepEvent
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.verify.logprobs import logprobs_of
 from specgen.verify.penalties import Penalties, penalised

@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, empty_draft
+from specgen.types.config import SamplingParams
+from specgen.types.draft import Draft, empty_draft
 from specgen.drafting.base import Drafter
 from specgen.engine.answer import Answer, reported
-from specgen.events import StepEvent
-from specgen.models.kv_cache import StaticKVCache
+from specgen.types.events import StepEvent
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft

@@ -29,13 +29,13 @@ from typing import Protocol
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, empty_draft
+from specgen.types.config import SamplingParams
+from specgen.types.draft import Draft, empty_draft
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.answer import Answer, reported
 from specgen.engine.loop import draft_room, prefill
-from specgen.events import StepEvent
-from specgen.models.kv_cache import StaticKVCache
+from specgen.types.events import StepEvent
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from specgen.engine.session import Session
-from specgen.events import TokenLogprob
-from specgen.models.kv_cache import ContextLimitError
+from specgen.types.events import TokenLogprob
+from specgen.models.cache.kv import ContextLimitError
 from specgen.verify.logprobs import row_logprobs
 
 ROWS = 512  # prompt tokens per forward while scoring

@@ -1,4 +1,4 @@
-"""y = x W^T for a packed W (models/packed.py), on whatever device x is.
+"""y = x W^T for a packed W (models/formats/packed_matrix.py), on whatever device x is.
 
 - CPU: `kernels/cpu/packed.c`, compiled once per machine with the system C compiler
   (`-O3 -march=native`; cached under $SPECGEN_HOME/kernels, keyed by the source and the
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen.paths import specgen_home
+from specgen.types.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
 # one library: the packed products and the fused decoder pass that calls them (decoder.c)

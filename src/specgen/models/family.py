@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.config import ModelArgs, RopeArgs
-from specgen.errors import CheckpointError
-from specgen.models.kv_cache import StaticKVCache
+from specgen.types.config import ModelArgs, RopeArgs
+from specgen.types.errors import CheckpointError
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.plans import text_prefix
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput, Transformer
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture (allocator and autotune warm-up)

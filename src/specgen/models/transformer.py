@@ -17,17 +17,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specgen.config import ModelArgs
+from specgen.types.config import ModelArgs
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.blocks import norm_weight
+from specgen.models.layers.blocks import norm_weight
 from specgen.models.families import model_args  # noqa: F401  (registers the families)
 from specgen.models.family import family_of
-from specgen.models.fused_cpu import FusedPass, cache_fits
-from specgen.models.hybrid_cache import HybridCache
-from specgen.models.kv_cache import ContextLimitError, StaticKVCache
+from specgen.models.fused.cpu_pass import FusedPass, cache_fits
+from specgen.models.cache.hybrid import HybridCache
+from specgen.models.cache.kv import ContextLimitError, StaticKVCache
 from specgen.models.plans import Plan, Row
-from specgen.models.rope import rope_tables
-from specgen.models.weights import DenseWeight, held_tensors, resident_bytes, weights_identity
+from specgen.models.layers.rope import rope_tables
+from specgen.models.formats.weights import DenseWeight, held_tensors, resident_bytes, weights_identity
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Transformer(nn.Module):
         return super()._apply(fn, recurse)
 
     def _fused_pass(self, cache, batch: int, pad) -> FusedPass | None:
-        """The fused CPU pass when it can run this step (models/fused_cpu.py), else None."""
+        """The fused CPU pass when it can run this step (models/fused/cpu_pass.py), else None."""
         if self.embed.device.type != "cpu":
             return None
         fused = FusedPass.of(self)

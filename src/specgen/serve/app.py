@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
-from specgen.errors import SpecgenError
+from specgen.types.errors import SpecgenError
 from specgen.serve import limits
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid
@@ -40,7 +40,7 @@ from specgen.serve.tool_calls import Call, Content, ToolStream
 from specgen.serve.worker import Delta, Failed, Job, Overloaded, Worker
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 STATIC = Path(__file__).resolve().parent / "static"  # the web view (index.html and assets)
 OPEN_PATHS = ("/health", "/", "/favicon.ico")  # no API key needed (also /static/...)

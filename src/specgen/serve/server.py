@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from specgen.errors import SpecgenError
+from specgen.types.errors import SpecgenError
 from specgen.registry import MODELS
 from specgen.serve.app import Service, build_app
 from specgen.serve.limits import DEFAULT_MAX_BODY_BYTES
@@ -30,7 +30,7 @@ from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 
 @dataclass(frozen=True)

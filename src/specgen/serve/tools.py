@@ -25,7 +25,7 @@ from specgen.serve.errors import invalid
 from specgen.serve.tool_calls import Call, Content, Format, format_of
 
 if TYPE_CHECKING:
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
@@ -233,7 +233,7 @@ def special_text(codec: TextCodec):
     """`Job.text_of` for formats whose markers are special tokens (Gemma 4's
     `<|tool_call>`), which the pipeline's text leaves out: the answer decoded with them,
     stop tokens dropped. Its characters are not told apart as drafted (0)."""
-    from specgen.text import Detokenizer
+    from specgen.text.codec import Detokenizer
 
     class _Keeping:
         def decode(self, ids: list[int]) -> str:

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specgen.config import SamplingParams
-from specgen.errors import SpecgenError
+from specgen.types.config import SamplingParams
+from specgen.types.errors import SpecgenError
 from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
@@ -31,10 +31,10 @@ from specgen.serve.log import Log
 from specgen.serve.logprobs import Entry, Pending, TokenNames, echoed
 from specgen.serve.metrics import Metrics
 from specgen.serve.stops import StopCut
-from specgen.stats import GenStats
+from specgen.types.stats import GenStats
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 
 @dataclass(frozen=True)

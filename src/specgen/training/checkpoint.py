@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specgen.config import RopeArgs
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
+from specgen.types.config import RopeArgs
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.drafters.dspark import DSparkNet
 from specgen.models.families.gemma4 import GEMMA4_DEFAULTS
 
 

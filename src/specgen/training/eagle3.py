@@ -1,7 +1,7 @@
 """Training an EAGLE-3 drafter (`specgen train --kind eagle3`) with training-time test.
 
 Entry p of a sequence pairs the target's fused taps at p with the token at p + 1 and
-predicts the token at p + 2 (models/eagle3.py). Step 0 runs every entry causally, as the
+predicts the token at p + 2 (models/drafters/eagle3.py). Step 0 runs every entry causally, as the
 drafter's pass over committed tokens does at inference. A chain anchored at token a
 (entry a - 1) then takes k - 1 more steps, each feeding the previous step's hidden output
 back with the next token, and attending to the step-0 keys up to its anchor's entry and to
@@ -29,9 +29,9 @@ from safetensors.torch import save_file
 
 from specgen.kernels.qk_rope import apply_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.eagle3 import Eagle3Net
-from specgen.models.eagle3_config import Eagle3Args, entering_default
-from specgen.models.rope import rope_tables
+from specgen.models.drafters.eagle3 import Eagle3Net
+from specgen.models.drafters.eagle3_config import Eagle3Args, entering_default
+from specgen.models.layers.rope import rope_tables
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import text_config
 from specgen.training.losses import slot_weights
@@ -99,7 +99,7 @@ def trainable(net: Eagle3Net) -> list[torch.nn.Parameter]:
 
 
 class _Attention:
-    """One layer's q/k/v and output, differentiably (models/eagle3.py's forward, unrolled)."""
+    """One layer's q/k/v and output, differentiably (models/drafters/eagle3.py's forward, unrolled)."""
 
     def __init__(self, net: Eagle3Net, i: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.net, self.i, self.layer = net, i, net.layers[i]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.drafters.dspark import DSparkNet
 from specgen.models.transformer import Transformer
 from specgen.training.losses import markov_logits
 from specgen.training.trainer import Prepared, Vocab, draft_blocks, draft_logits

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from specgen.errors import SpecgenError
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
+from specgen.types.errors import SpecgenError
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.drafters.dspark import DSparkNet
 from specgen.models.transformer import Transformer
 
 

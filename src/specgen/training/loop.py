@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from specgen.drafting.vocab import save_draft_vocab
-from specgen.models.dflash import DFlashArgs, DFlashNet
-from specgen.models.dspark import DSparkArgs, DSparkNet
-from specgen.models.eagle3 import Eagle3Net
+from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
+from specgen.models.drafters.dspark import DSparkArgs, DSparkNet
+from specgen.models.drafters.eagle3 import Eagle3Net
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import save_drafter, text_config
 from specgen.training.eagle3 import accepted_lengths as eagle3_accepted
@@ -78,7 +78,7 @@ class TrainConfig:
 
 def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: TrainConfig) -> dict:
     """A drafter config.json for the target, in the layout `cfg.kind` is published in."""
-    from specgen.models.dflash import build_target_layer_ids
+    from specgen.models.drafters.dflash import build_target_layer_ids
 
     ids = list(cfg.target_layers) or build_target_layer_ids(target_layers, 3)
     out = {
@@ -126,9 +126,9 @@ def warm_start(net: DFlashNet | DSparkNet, target: Transformer, path: Path) -> N
     """Load a trained drafter's weights (its public format) into `net`, which must have its
     shape: training then goes on from that drafter with a fresh optimiser and schedule."""
     from specgen.drafting.base import method_of
-    from specgen.errors import CheckpointError
-    from specgen.models.dflash import load_dflash
-    from specgen.models.dspark import load_dspark
+    from specgen.types.errors import CheckpointError
+    from specgen.models.drafters.dflash import load_dflash
+    from specgen.models.drafters.dspark import load_dspark
 
     kind = "dspark" if isinstance(net, DSparkNet) else "dflash"
     if method_of(path) != kind:

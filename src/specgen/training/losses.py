@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specgen.models.dspark import DSparkNet
+from specgen.models.drafters.dspark import DSparkNet
 
 
 def slot_weights(targets: torch.Tensor, gamma: float) -> torch.Tensor:  # [A, S] fp32

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.drafters.dspark import DSparkNet
 from specgen.models.transformer import Transformer
 from specgen.training.blocks import Blocks, block_forward, make_blocks
 from specgen.training.losses import dflash_loss, dspark_loss, markov_logits

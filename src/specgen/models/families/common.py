@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from specgen.config import ModelArgs, RopeArgs
-from specgen.errors import CheckpointError
+from specgen.types.config import ModelArgs, RopeArgs
+from specgen.types.errors import CheckpointError
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 

@@ -1,5 +1,5 @@
 """Gemma 4: dense text backbones (google/gemma-4-12B-it, -31B) of sliding-window and global
-attention layers (models/gemma4_layer.py), each kind with its own head dim, KV heads and
+attention layers (models/layers/gemma4.py), each kind with its own head dim, KV heads and
 RoPE; KV sharing; embeddings scaled by sqrt(hidden); final logit softcapping.
 
 Published as multimodal checkpoints (`Gemma4ForConditionalGeneration`, or
@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from specgen.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
-from specgen.errors import CheckpointError
+from specgen.types.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
+from specgen.types.errors import CheckpointError
 from specgen.models.families.common import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
-from specgen.models.gemma4_layer import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.layers.gemma4 import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
+from specgen.models.cache.kv import StaticKVCache
 
 
 class Gemma4(MultimodalText):

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from specgen.config import ModelArgs
-from specgen.errors import CheckpointError
-from specgen.models.decoder_layer import DecoderLayer
+from specgen.types.config import ModelArgs
+from specgen.types.errors import CheckpointError
+from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.families.common import attention_args
 from specgen.models.family import Family, register
 

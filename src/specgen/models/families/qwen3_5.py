@@ -1,6 +1,6 @@
-"""Qwen3.5: hybrid targets, Gated DeltaNet layers (models/gated_deltanet.py) between gated
+"""Qwen3.5: hybrid targets, Gated DeltaNet layers (models/layers/gated_deltanet.py) between gated
 attention layers (the Llama-shaped layer with a sigmoid output gate and partial RoPE),
-zero-centred norms, and a cache whose recurrent state rolls back (models/hybrid_cache.py).
+zero-centred norms, and a cache whose recurrent state rolls back (models/cache/hybrid.py).
 
 Published checkpoints are the multimodal `Qwen3_5ForConditionalGeneration`: the text
 backbone under `model.language_model.`, beside a vision tower (`model.visual.*`) and a
@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.config import FULL, LINEAR, HybridArgs, ModelArgs
-from specgen.errors import CheckpointError
-from specgen.models.decoder_layer import DecoderLayer
+from specgen.types.config import FULL, LINEAR, HybridArgs, ModelArgs
+from specgen.types.errors import CheckpointError
+from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.families.common import attention_args, config_errors, token_ids
 from specgen.models.family import MultimodalText, register
-from specgen.models.gated_deltanet import GatedDeltaNetLayer
-from specgen.models.hybrid_cache import HybridCache
+from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
+from specgen.models.cache.hybrid import HybridCache
 
 
 class Qwen3_5(MultimodalText):

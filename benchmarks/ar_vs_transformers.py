@@ -53,7 +53,7 @@ def run_specgen(pipe, ids: list[int], max_new: int, stop: int) -> tuple[list[int
 
 
 def bench_dtype(model: str, dtype_name: str, prompts: list[str], max_new: int) -> dict:
-    from specgen.types.device import DTYPES
+    from specgen.core.device import DTYPES
     from specgen.api.pipeline import Pipeline
 
     pipe = Pipeline.load(model, device="cpu", dtype=dtype_name)

@@ -28,8 +28,8 @@ SAMPLE = HERE / "prompts" / "spec_bench_sample.jsonl"
 
 
 def main() -> None:
-    from specgen.types.config import SamplingParams, SpecConfig
-    from specgen.drafting import eagle3
+    from specgen.core.config import SamplingParams, SpecConfig
+    from specgen.methods.eagle3 import drafter as eagle3
     from specgen.api.pipeline import Pipeline
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -62,7 +62,7 @@ def _layer(layer, cache, x, layer_id, tokens):
 
 
 def main() -> None:
-    from specgen.types.config import LINEAR
+    from specgen.core.config import LINEAR
     from specgen.kernels.gated_delta import gated_delta_recurrent, gated_delta_replay
     from specgen.models.families import model_args
     from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer

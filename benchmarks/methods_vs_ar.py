@@ -65,7 +65,7 @@ def main() -> None:
     drafters = dict(d.split("=", 1) for d in args.drafter)
 
     from specgen.cli.common import quiet_libraries
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
     from specgen.api.pipeline import Pipeline
 
     quiet_libraries()

@@ -29,7 +29,7 @@ def main() -> None:
 
     from specgen.bench.suites import BUILTIN, load_suite
     from specgen.cli.common import quiet_libraries
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
     from specgen.terminal.live import LiveAnswer
     from specgen.api.pipeline import Pipeline
 

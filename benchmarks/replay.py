@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting import Drafter
 from specgen.engine.answer import cut
 from specgen.engine.loop import generate_speculative

@@ -95,10 +95,10 @@ def _randomize(module: torch.nn.Module) -> None:
 
 
 def build(target_cfg: dict, device: str, dtype: torch.dtype, quantize: str | None = None):
-    from specgen.drafting.dflash import DFlashMethod
-    from specgen.drafting.dspark import DSparkMethod
+    from specgen.methods.dflash.drafter import DFlashMethod
+    from specgen.methods.dspark.drafter import DSparkMethod
     from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
-    from specgen.models.drafters.dspark import DSparkArgs, DSparkNet
+    from specgen.methods.dspark.network import DSparkArgs, DSparkNet
     from specgen.models.families import model_args
     from specgen.models.transformer import Transformer
 

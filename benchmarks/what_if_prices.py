@@ -84,7 +84,7 @@ def main() -> None:
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
     from specgen.cli.options import Run
-    from specgen.types.config import SamplingParams
+    from specgen.core.config import SamplingParams
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)

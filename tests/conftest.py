@@ -622,7 +622,7 @@ def tiny_dspark(tmp_path_factory) -> Path:
 def second_token_tv(pipe, target, text: str = "The quick brown fox", n: int = 1500):
     """(total variation between the empirical and exact distributions of the second token
     `pipe` samples at T = 1, top-k 4, over `n` seeds; the same for a random distribution)."""
-    from specgen.types.config import SamplingParams
+    from specgen.core.config import SamplingParams
     from specgen.verify.sampling import probabilities
 
     params = SamplingParams(temperature=1.0, top_k=4)

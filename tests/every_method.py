@@ -8,7 +8,7 @@ import pytest
 import torch
 from eagle3_helpers import save_eagle3
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 

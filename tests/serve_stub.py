@@ -13,13 +13,13 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from conftest import tiny_tokenizer
-from specgen.types.events import TokenLogprob
+from specgen.core.events import TokenLogprob
 from specgen.api.pipeline import Chunk
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 from specgen.text.codec import TextCodec
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import FAMILIES
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.engine.ar import generate_ar
-from specgen.types.errors import PromptError
+from specgen.core.errors import PromptError
 from specgen.models.loading import load_target
 from specgen.api.pipeline import Pipeline
 

@@ -15,11 +15,11 @@ from specgen.bench.harness import BenchRun, Divergence, PromptRun, run_bench
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
 from specgen.cli import app
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.types.errors import ModelNotFoundError, PromptError, SpecgenError
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import ModelNotFoundError, PromptError, SpecgenError
 from specgen.models.families import model_args
 from specgen.api.pipeline import Pipeline
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 runner = CliRunner()
 

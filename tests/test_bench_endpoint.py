@@ -22,9 +22,9 @@ from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.stream import SSEDecoder, collect, served_stats
 from specgen.cli import app
-from specgen.types.config import SamplingParams
-from specgen.types.errors import SpecgenError
-from specgen.types.stats import GenStats
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
+from specgen.core.stats import GenStats
 
 runner = CliRunner()
 KEY = "bench-key"

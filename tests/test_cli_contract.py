@@ -12,7 +12,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
@@ -70,7 +70,7 @@ def test_help_says_what_each_command_does_with_the_shared_options():
 
 def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
     from specgen.cli.options import DEFAULTS, GROUPS, run_options
-    from specgen.types.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
+    from specgen.core.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
     from specgen.serve.openai_api import Defaults
 
     sampling, spec = SamplingParams(), SpecConfig()

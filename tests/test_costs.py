@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.engine.costs import CHECK_STEPS, DRIFT, CostCheck
 from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 runner = CliRunner()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.kernels.block_attention import block_attention_masked, block_attention_torch
 from specgen.models.graphs import GraphedForward
 from specgen.models.loading import load_target

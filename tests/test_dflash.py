@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
-from specgen.types.config import SpecConfig
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.models.drafters.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
 from oracles.dflash import reference_block_hidden
 from specgen.models.families import model_args

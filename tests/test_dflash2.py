@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dflash, save_tiny_dflash2
 from specgen.cli import app
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.types.errors import CheckpointError
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError
 from specgen.models.drafters.dflash import check_pair
-from specgen.models.drafters.dflash2 import DFlash2Args, load_dflash2
+from specgen.methods.dflash2.network import DFlash2Args, load_dflash2
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.api.pipeline import Pipeline

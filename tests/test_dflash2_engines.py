@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 
 PROMPTS = ("The quick brown fox", "one two one two one two")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import TINY_VOCAB, save_tiny_dflash2
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.drafting.dflash2 import DFlash2Drafter
-from specgen.models.drafters.dflash2 import load_dflash2
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.dflash2.drafter import DFlash2Drafter
+from specgen.methods.dflash2.network import load_dflash2
 from specgen.models.loading import load_target
 from specgen.api.pipeline import Pipeline
 
@@ -99,7 +99,7 @@ def test_greedy_drafts_equal_zlabs_token_for_token(target, tmp_path, case):
 
 
 def _drafter(target, net, features) -> DFlash2Drafter:
-    from specgen.drafting.dflash2 import DFlash2Method
+    from specgen.methods.dflash2.drafter import DFlash2Method
 
     method = DFlash2Method(net, target, BLOCK)
     drafter = method.new_drafter(64)

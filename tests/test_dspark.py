@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.drafting.dspark import markov_draw
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.dspark.drafter import markov_draw
 from specgen.drafting.vocab import save_draft_vocab
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.models.drafters.dflash import check_pair
 from oracles.dflash import reference_block_hidden
-from specgen.models.drafters.dspark import DSparkArgs, load_dspark
+from specgen.methods.dspark.network import DSparkArgs, load_dspark
 from oracles.dspark import reference_heads
 from specgen.models.families import model_args
 from specgen.models.loading import load_target

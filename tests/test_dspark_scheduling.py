@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import chi_square_pvalue
-from specgen.types.config import SamplingParams, VerifyPolicy
-from specgen.types.draft import Draft
-from specgen.drafting.calibration import (
+from specgen.core.config import SamplingParams, VerifyPolicy
+from specgen.core.draft import Draft
+from specgen.methods.dspark.calibration import (
     Calibration,
     Step,
     ece,
@@ -19,7 +19,7 @@ from specgen.drafting.calibration import (
     load_calibration,
     save_calibration,
 )
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.scheduling.verify_length import (

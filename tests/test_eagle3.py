@@ -8,8 +8,8 @@ import torch
 from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
 
 from conftest import FAMILIES, TINY_VOCAB
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.models.drafters.eagle3_config import Eagle3Args
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.eagle3.config import Eagle3Args
 from oracles.eagle3 import Reference
 from specgen.api.pipeline import Pipeline
 
@@ -265,8 +265,8 @@ def _public_config(layout, size):
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "deepspec"])
 @pytest.mark.parametrize("size", ["4b", "8b"])
 def test_public_shaped_configs_pair_with_their_targets(layout, size):
-    from specgen.types.errors import CheckpointError
-    from specgen.models.drafters.eagle3_config import check_pair
+    from specgen.core.errors import CheckpointError
+    from specgen.methods.eagle3.config import check_pair
     from specgen.models.families import model_args
 
     target = model_args(_real(f"qwen3-{size}.config.json"))

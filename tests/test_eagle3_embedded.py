@@ -9,7 +9,7 @@ import pytest
 from eagle3_helpers import save_eagle3
 from test_embedded import _questions
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.slow

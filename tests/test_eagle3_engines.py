@@ -12,8 +12,8 @@ from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
 from test_eagle3 import VARIANTS
 
 from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.drafting.stacked import StackedDrafter
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.stacked.drafter import StackedDrafter
 from oracles.eagle3 import Reference
 from specgen.api.pipeline import Pipeline
 from specgen.verify.sampling import probabilities

@@ -123,7 +123,7 @@ def _steps(pipe, prompt, max_new_tokens):
 
 
 def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
     from specgen.api.spec import load_method
 
     # whole drafts verified (no scheduler): the most acceptance paths exercised
@@ -148,7 +148,7 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
     """A random z-lab-format drafter for the default model: almost nothing is accepted,
     and the output must still be token-for-token the AR output."""
     from conftest import save_tiny_dflash
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
 
     path = save_tiny_dflash(
         tmp_path / "dflash",
@@ -177,7 +177,7 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
 def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy):
     """A random DeepSpec-format drafter (Markov + confidence heads) for the default model."""
     from conftest import save_tiny_dspark
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
 
     path = save_tiny_dspark(
         tmp_path / "dspark",
@@ -207,7 +207,7 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
 def test_shipped_drafters_are_exact_and_accept_drafts(pipe, method):
     """The drafters specgen trained for the default model ship in the package: they load
     from the registry with no --drafter, offline, and decode token for token like AR."""
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
 
     spec = SpecConfig(method=method, verify_policy="full")
     spec_pipe = pipe.with_spec(spec)

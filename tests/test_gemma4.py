@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, save_tiny_gemma4
 from specgen.cli import app
-from specgen.types.config import FULL, SLIDING
-from specgen.types.errors import CheckpointError
+from specgen.core.config import FULL, SLIDING
+from specgen.core.errors import CheckpointError
 from specgen.models import loading
 from specgen.models.families import model_args
 from specgen.models.graphs import GraphedForward

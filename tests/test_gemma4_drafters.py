@@ -23,12 +23,12 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue
 from specgen.cli import app
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.drafting.dspark import markov_draw
-from specgen.types.errors import CheckpointError
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.dspark.drafter import markov_draw
+from specgen.core.errors import CheckpointError
 from specgen.export import bench_command, launch_command, notes, resolve_target
 from specgen.models.drafters.dflash import DFlashArgs, load_dflash
-from specgen.models.drafters.dspark import DSparkArgs, load_dspark
+from specgen.methods.dspark.network import DSparkArgs, load_dspark
 from oracles.gemma4_draft import reference_gemma_draft
 from specgen.models.loading import load_target
 from specgen.api.pipeline import Pipeline
@@ -409,7 +409,7 @@ def test_the_resident_loop_and_the_static_step_past_the_window(ar, drafters, cas
     """The device-resident loop over the graph-capturable forward (capture off: the code a
     CUDA graph captures, run eagerly), drafting with Gemma drafters, gives AR's tokens far
     past the sliding window (4), and leaves the drafter's context at the target's."""
-    from specgen.types.config import SamplingParams as Params
+    from specgen.core.config import SamplingParams as Params
     from specgen.engine.resident import generate_resident
     from specgen.models.graphs import GraphedForward
 

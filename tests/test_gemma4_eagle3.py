@@ -15,10 +15,10 @@ from gemma4_drafters_helpers import checkpoint_tensors, save_deepspec_eagle3
 from test_cli import FAST, assert_one_line_error, run
 
 from conftest import FIXTURES, TINY_VOCAB, second_token_tv
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.types.errors import CheckpointError
-from specgen.models.drafters.eagle3 import load_eagle3
-from specgen.models.drafters.eagle3_config import Eagle3Args, check_pair
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError
+from specgen.methods.eagle3.network import load_eagle3
+from specgen.methods.eagle3.config import Eagle3Args, check_pair
 from specgen.models.families import model_args
 from oracles.gemma4_eagle3 import reference_gemma_eagle3_chain
 from specgen.models.loading import load_target

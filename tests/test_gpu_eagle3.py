@@ -11,7 +11,7 @@ import pytest
 import torch
 from eagle3_helpers import save_eagle3
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu

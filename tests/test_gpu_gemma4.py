@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from gemma4_drafters_helpers import save_deepspec_drafter, save_zlab_gemma_drafter
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu

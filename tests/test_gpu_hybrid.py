@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu

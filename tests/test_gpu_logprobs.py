@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 
 pytestmark = pytest.mark.gpu

@@ -17,8 +17,8 @@ from test_loop import OracleDrafter
 from test_resident import AnswerKeyDrafter
 
 from conftest import TINY_VOCAB, save_tiny_qwen3_5
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident

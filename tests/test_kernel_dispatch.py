@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 DISPATCHERS = (
@@ -19,7 +19,7 @@ DISPATCHERS = (
     "specgen.kernels.block_attention",
     "specgen.kernels.rmsnorm",
     "specgen.kernels.qk_rope",
-    "specgen.drafting.dspark",
+    "specgen.methods.dspark.drafter",
 )
 
 

@@ -7,12 +7,12 @@ import io
 import pytest
 from rich.console import Console
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.terminal.live import LiveAnswer, PlainAnswer, acceptance_bars, answer_view, status_panel
 from specgen.api.pipeline import Chunk, Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.speedup import ModeledSpeedup, modeled_speedup
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 
 def _stats(verify_policy="cost") -> GenStats:

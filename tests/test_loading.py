@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_VOCAB
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.models.loading import load_target
 
 
@@ -106,7 +106,7 @@ def test_a_drafting_load_checks_its_spec_once_and_makes_one_session(
     pipeline: the spec is checked at the entry only, and no plain-AR pipeline allocates a
     full-context session on the way (issue 32)."""
     from specgen.api import pipeline as pipeline_module
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
     from specgen.api.pipeline import Pipeline
 
     checks, sessions = [], []
@@ -127,8 +127,8 @@ def test_a_drafting_load_checks_its_spec_once_and_makes_one_session(
 
 
 def test_a_pipeline_runs_what_it_is_given_and_never_loads(tiny_llama):
-    from specgen.types.config import SpecConfig
-    from specgen.types.errors import SpecgenError
+    from specgen.core.config import SpecConfig
+    from specgen.core.errors import SpecgenError
     from specgen.api.pipeline import Pipeline
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")

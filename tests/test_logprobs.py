@@ -8,7 +8,7 @@ import pytest
 import torch
 from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.engine import score
 from specgen.api.pipeline import Pipeline
 
@@ -162,7 +162,7 @@ def test_prompt_logprobs_are_transformers_and_leave_the_prompt_cached(
 
 
 def test_prompt_logprobs_bad_input(pipes):
-    from specgen.types.errors import OptionError, PromptError
+    from specgen.core.errors import OptionError, PromptError
     from specgen.models.cache.kv import ContextLimitError
 
     pipe = pipes["ar"]

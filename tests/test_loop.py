@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import FAMILIES
-from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Drafter
-from specgen.drafting.ngram import NgramDrafter
+from specgen.methods.ngram.drafter import NgramDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.models.loading import load_target

@@ -26,8 +26,8 @@ from llamacpp_convert import Converter, text_config
 from packed_helpers import write_tiny_gguf
 
 from conftest import save_tiny_dflash, save_tiny_gemma4, save_tiny_qwen3_5
-from specgen.types.config import SpecConfig
-from specgen.types.errors import CheckpointError
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
 from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.models.loading import load_gguf_target

@@ -8,8 +8,8 @@ import pytest
 import torch
 from packed_helpers import write_tiny_gguf
 
-from specgen.types.config import SpecConfig
-from specgen.types.errors import CheckpointError, OptionError
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError, OptionError
 from specgen.api.loader import Decoding, Target, load_target
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense

@@ -17,11 +17,11 @@ from test_cli import assert_one_line_error, run
 from test_resident import AnswerKeyDrafter
 
 from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
-from specgen.types.errors import OptionError
+from specgen.core.errors import OptionError
 from specgen.models.loading import load_target
 from specgen.verify.penalties import Penalties, penalise
 from specgen.verify.sampling import probabilities

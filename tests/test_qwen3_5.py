@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import TINY_VOCAB, save_tiny_qwen3_5
-from specgen.types.config import FULL, LINEAR
-from specgen.types.errors import CheckpointError
+from specgen.core.config import FULL, LINEAR
+from specgen.core.errors import CheckpointError
 from specgen.models import loading
 from specgen.models.families import model_args
 from specgen.models.loading import load_target

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash
 from specgen.cli import app
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.types.draft import Draft, DraftOption
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import CPU, Server
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.api.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]

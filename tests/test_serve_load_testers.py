@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from serve_stub import StubPipe, codec_with, stub_app
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.api.pipeline import Pipeline
 from specgen.serve.errors import APIError
 from specgen.serve.openai_api import Defaults, parse

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_stub import StubPipe, codec_with, stub_app
 
-from specgen.types.config import SamplingParams, SpecConfig
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics

@@ -15,7 +15,7 @@ from specgen.serve.errors import APIError
 from specgen.serve.openai_api import Defaults, parse
 from specgen.serve.report import histogram
 from specgen.serve.stops import Piece, StopCut
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 # --- stop strings ---------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
 from specgen.cli import app
-from specgen.types.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.types.draft import Draft, DraftOption
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
@@ -123,7 +123,7 @@ def test_each_drafter_drafts_as_if_it_had_drafted_every_step(
     had it drafted every step (as it does alone): its state may follow the committed
     tokens only, never its own earlier proposals. Drafters alternate; in the second run
     the one not chosen drafts too, and its draft is thrown away."""
-    from specgen.drafting.stacked import StackedDrafter
+    from specgen.methods.stacked.drafter import StackedDrafter
 
     original = StackedDrafter.propose
     pipe = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, "full")

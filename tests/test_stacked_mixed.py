@@ -10,9 +10,9 @@ from eagle3_helpers import save_eagle3
 from test_cli import FAST, assert_one_line_error, run
 
 from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash, save_tiny_dspark
-from specgen.types.config import SamplingParams, SpecConfig
-from specgen.drafting.stacked import StackedDrafter, StackedMethod
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.stacked.drafter import StackedDrafter, StackedMethod
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.api.pipeline import Pipeline
 from specgen.registry import MODELS
 from specgen.scheduling.cost import CostTable

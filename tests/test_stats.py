@@ -11,7 +11,7 @@ from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import summarize
 from specgen.terminal.display import drafter_shares, plural, stats_line
 from specgen.terminal.live import status_panel
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 
 def _steps() -> GenStats:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specgen.models.drafters.dflash import load_dflash
-from specgen.models.drafters.dspark import load_dspark
+from specgen.methods.dspark.network import load_dspark
 from specgen.models.loading import load_target
 from specgen.training.blocks import block_forward, make_blocks
 

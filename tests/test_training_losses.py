@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.drafters.dspark import load_dspark
+from specgen.methods.dspark.network import load_dspark
 from oracles.dspark import reference_heads
 from specgen.models.loading import load_target
-from specgen.training.losses import dflash_loss, dspark_loss, markov_logits, slot_weights
+from specgen.methods.dspark.training import dspark_loss, markov_logits
+from specgen.training.losses import dflash_loss, slot_weights
 
 
 def test_slot_weights_decay_and_stop_at_the_first_missing_target():

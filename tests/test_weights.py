@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.types.config import SpecConfig
+from specgen.core.config import SpecConfig
 from specgen.models.loading import load_target
 from specgen.models.formats.weights import (
     FORMATS,

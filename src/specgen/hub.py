@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.types.errors import ModelNotFoundError
+from specgen.core.errors import ModelNotFoundError
 from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.registry import MODELS, ModelEntry
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.types.config import RopeArgs
+from specgen.core.config import RopeArgs
 from specgen.kernels import triton_available
 from specgen.kernels.qk_rope import qk_norm_rope_torch
 from specgen.models.layers.rope import rope_tables

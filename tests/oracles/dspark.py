@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.models.drafters.dspark import DSparkNet
+from specgen.methods.dspark.network import DSparkNet
 
 
 @torch.no_grad()

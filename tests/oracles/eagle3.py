@@ -1,4 +1,4 @@
-"""A deliberately slow EAGLE-3 oracle, independent of models/drafters/eagle3.py: its own reading of
+"""A deliberately slow EAGLE-3 oracle, independent of methods/eagle3/network.py: its own reading of
 the checkpoint (raw tensor names of each layout, config fields), no cache, float64.
 
 Written from the reference code: SafeAILab EAGLE `cnets.py` (`LlamaDecoderLayeremb`,

@@ -9,11 +9,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specgen.types.config import SpecConfig
-from specgen.types.device import resolve_device, resolve_dtype
+from specgen.core.config import SpecConfig
+from specgen.core.device import resolve_device, resolve_dtype
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch, cached_costs
-from specgen.types.errors import CheckpointError, OptionError, SpecgenError
+from specgen.core.errors import CheckpointError, OptionError, SpecgenError
 from specgen.hub import Notify, ResolvedModel, resolve_model
 from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.models.formats.gguf.index import gguf_architecture

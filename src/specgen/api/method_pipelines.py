@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from specgen.types.config import SpecConfig
-from specgen.drafting import DRAFTERS, method_of
-from specgen.types.errors import SpecgenError
+from specgen.core.config import SpecConfig
+from specgen.drafting import method_of
+from specgen.methods import DRAFTERS
+from specgen.core.errors import SpecgenError
 from specgen.hub import Notify, resolve_drafter
 from specgen.api.pipeline import Pipeline
 

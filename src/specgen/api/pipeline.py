@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.types.config import DEFAULT_MAX_NEW_TOKENS, MAX_LOGPROBS, SamplingParams, SpecConfig
+from specgen.core.config import DEFAULT_MAX_NEW_TOKENS, MAX_LOGPROBS, SamplingParams, SpecConfig
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch
 from specgen.engine.run import decode
 from specgen.engine.score import score_prompt
 from specgen.engine.session import Session
-from specgen.types.errors import OptionError, PromptError, SpecgenError
-from specgen.types.events import StepEvent, TokenLogprob
+from specgen.core.errors import OptionError, PromptError, SpecgenError
+from specgen.core.events import StepEvent, TokenLogprob
 from specgen.hub import Notify
 from specgen.api.loader import Decoding, Target, load_decoding, load_target
 from specgen.models.transformer import Transformer
@@ -27,7 +27,7 @@ from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.learning import Schedulers
 from specgen.api.spec import checked_spec
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 from specgen.text.codec import Detokenizer, TextCodec
 
 Prompt = str | list[dict[str, str]]  # text, or a chat conversation

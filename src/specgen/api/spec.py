@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specgen.types.config import SpecConfig
-from specgen.drafting import DRAFTERS, METHODS, Checkpoint, DraftMethod, method_of
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.config import SpecConfig
+from specgen.drafting import Checkpoint, DraftMethod, method_of
+from specgen.methods import DRAFTERS, METHODS
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.hub import Notify, resolve_drafter
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS

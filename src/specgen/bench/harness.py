@@ -31,12 +31,12 @@ from specgen.bench.modeled import prices_of
 from specgen.bench.stream import ServedStats
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.engine.session import Session
-from specgen.types.config import AR
+from specgen.core.config import AR
 from specgen.api.pipeline import Pipeline
 from specgen.scheduling.cost import modeled
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 Progress = Callable[[str], None]  # called after each generation with a short label
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.types.errors import PromptError, SpecgenError
+from specgen.core.errors import PromptError, SpecgenError
 from specgen.text.prompts import prompt_text, read_prompts
 
 BUILTIN = "builtin"

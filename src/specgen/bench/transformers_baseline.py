@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.stats import GenStats
+from specgen.core.config import SamplingParams
+from specgen.core.stats import GenStats
 
 
 class _FirstToken:

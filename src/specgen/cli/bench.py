@@ -11,8 +11,8 @@ import typer
 from specgen.terminal import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
-from specgen.types.errors import SpecgenError
-from specgen.types.config import AR
+from specgen.core.errors import SpecgenError
+from specgen.core.config import AR
 
 if TYPE_CHECKING:
     from specgen.bench.endpoint import EndpointClient
@@ -250,7 +250,7 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     """The AR pipeline and one per method, all on one loaded target, with the same engine
     and CUDA-graph settings (`specgen.api.method_pipelines.load_methods`); hf: transformers'
     generate."""
-    from specgen.drafting import DRAFTERS
+    from specgen.methods import DRAFTERS
     from specgen.api.method_pipelines import drafters_by_kind, load_methods
     from specgen.registry import MODELS
     from specgen.api.spec import METHODS
@@ -259,7 +259,9 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
-        names = [AR, "ngram"] + [
+        # AR, the methods that need no drafter, then those whose drafter is at hand
+        free = [m for m, cls in DRAFTERS.items() if not cls.needs_drafter]
+        names = [AR, *free] + [
             m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_kind or m in known)
         ]
     else:

@@ -23,12 +23,12 @@ from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
 from specgen.cli.terminal import typing_held
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.terminal.display import plural
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.terminal.live import answer_view
 from specgen.models.cache.kv import ContextLimitError
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.terminal.live import AnswerView

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import typer
 
 from specgen.terminal import display
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 
 
 @contextmanager

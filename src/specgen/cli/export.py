@@ -31,7 +31,7 @@ def export(
     stderr, the `specgen bench --endpoint` line that measures it)."""
     with user_errors(debug):
         from specgen.bench.suites import BUILTIN
-        from specgen.types.errors import SpecgenError
+        from specgen.core.errors import SpecgenError
         from specgen.export import bench_command, launch_command, notes, resolve_target
 
         if tp < 1 or not 0 < port < 65536:

@@ -11,15 +11,15 @@ import typer
 from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, JsonOpt, Run, run_options
-from specgen.types.config import SamplingParams
-from specgen.types.errors import PromptError, SpecgenError
+from specgen.core.config import SamplingParams
+from specgen.core.errors import PromptError, SpecgenError
 from specgen.terminal.live import answer_view
 from specgen.api.pipeline import Completion
 from specgen.text.prompts import PromptLine, read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
-    from specgen.types.stats import GenStats
+    from specgen.core.stats import GenStats
 
 EXAMPLES = """
 Examples:

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
 
-from specgen.types.config import (
+from specgen.core.config import (
     DEFAULT_MAX_NEW_TOKENS,
     SamplingParams,
     SpecConfig,
     VerifyPolicy,
     checked_max_new_tokens,
 )
-from specgen.drafting import METHODS
-from specgen.types.errors import SpecgenError
-from specgen.types.config import AR
+from specgen.methods import METHODS
+from specgen.core.errors import SpecgenError
+from specgen.core.config import AR
 from specgen.registry import DEFAULT_ALIAS
 
 if TYPE_CHECKING:

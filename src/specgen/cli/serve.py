@@ -12,7 +12,7 @@ import typer
 from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline

@@ -110,19 +110,20 @@ def train(
         quiet_libraries()
         import torch
 
-        from specgen.types.device import resolve_device
-        from specgen.types.errors import SpecgenError
+        from specgen.core.device import resolve_device
+        from specgen.core.errors import SpecgenError
         from specgen.hub import resolve_model
         from specgen.api.loader import load_weights
         from specgen.models.loading import read_config
-        from specgen.types.paths import specgen_home
+        from specgen.core.paths import specgen_home
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
-        if kind not in ("dflash", "dspark", "eagle3"):
-            raise SpecgenError(f"--kind must be dflash, dspark or eagle3 (got {kind!r})")
-        if kind == "eagle3" and init != "random":
-            raise SpecgenError(f"--kind eagle3 starts from random weights only (got --init {init})")
+        import specgen.methods  # noqa: F401  (registers every method's training hooks)
+        from specgen.training.kind import training_of
+
+        if not training_of(kind).warm_starts and init != "random":
+            raise SpecgenError(f"--kind {kind} starts from random weights only (got --init {init})")
         if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
             raise SpecgenError(
                 f"--init must be random, target or a drafter directory (got {init!r})"

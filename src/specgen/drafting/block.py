@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from specgen.types.draft import Draft
+from specgen.core.draft import Draft
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter
 from specgen.drafting.context import DraftContext
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:
-    from specgen.types.config import SpecConfig
+    from specgen.core.config import SpecConfig
     from specgen.models.drafters.dflash import DFlashNet
     from specgen.models.transformer import Transformer
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.draft import Draft
+from specgen.core.draft import Draft
 from specgen.drafting.context import DraftContext
 from specgen.models.graphs import Replay, set_input
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.formats.packed_matrix import PackedMatrix
 from specgen.models.formats.weights import LinearWeight

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.engine.answer import Answer, reported
-from specgen.types.events import StepEvent
+from specgen.core.events import StepEvent
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.verify.logprobs import logprobs_of

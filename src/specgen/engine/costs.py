@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.drafting.base import DraftMethod
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
-from specgen.types.paths import specgen_home
+from specgen.core.paths import specgen_home
 from specgen.scheduling.cost import CostTable, modeled
 from specgen.scheduling.learning import Schedulers
 from specgen.scheduling.scheduler import VerifyScheduler
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
 CHECK_STEPS = 32  # decoding steps a cost table is held against before it is judged

@@ -23,11 +23,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, empty_draft
 from specgen.drafting.base import Drafter
 from specgen.engine.answer import Answer, reported
-from specgen.types.events import StepEvent
+from specgen.core.events import StepEvent
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler

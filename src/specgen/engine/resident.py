@@ -29,12 +29,12 @@ from typing import Protocol
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, empty_draft
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.answer import Answer, reported
 from specgen.engine.loop import draft_room, prefill
-from specgen.types.events import StepEvent
+from specgen.core.events import StepEvent
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler

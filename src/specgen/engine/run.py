@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import cast
 
-from specgen.types.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.overlap import overlapped
 from specgen.engine.resident import generate_resident
 from specgen.engine.session import Session
-from specgen.types.events import StepEvent
+from specgen.core.events import StepEvent
 
 
 def decode(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specgen.engine.session import Session
-from specgen.types.events import TokenLogprob
+from specgen.core.events import TokenLogprob
 from specgen.models.cache.kv import ContextLimitError
 from specgen.verify.logprobs import row_logprobs
 

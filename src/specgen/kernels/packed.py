@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen.types.paths import specgen_home
+from specgen.core.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
 # one library: the packed products and the fused decoder pass that calls them (decoder.c)

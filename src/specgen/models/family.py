@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.types.config import ModelArgs, RopeArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.plans import text_prefix
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
 from specgen.models.plans import Plan
 from specgen.models.transformer import Transformer

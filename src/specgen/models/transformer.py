@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.layers.blocks import norm_weight
 from specgen.models.families import model_args  # noqa: F401  (registers the families)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 
 from specgen.scheduling.cost import CostTable, Shape, modeled
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 
 class ModeledSpeedup:

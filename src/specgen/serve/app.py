@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.serve import limits
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specgen.types.events import TokenLogprob
+from specgen.core.events import TokenLogprob
 
 if TYPE_CHECKING:
     from specgen.text.codec import TextCodec

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.types.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, checked_max_new_tokens
-from specgen.types.errors import OptionError
+from specgen.core.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, checked_max_new_tokens
+from specgen.core.errors import OptionError
 from specgen.serve.errors import invalid
 from specgen.serve.logprobs import MAX_COMPLETION_LOGPROBS
 from specgen.serve.tools import TOOL_FIELDS, Tools, parse_tools, tool_calls_of

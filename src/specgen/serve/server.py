@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.registry import MODELS
 from specgen.serve.app import Service, build_app
 from specgen.serve.limits import DEFAULT_MAX_BODY_BYTES

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.serve import limits
 from specgen.serve.errors import invalid
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specgen.types.config import SamplingParams
-from specgen.types.errors import SpecgenError
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
 from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
@@ -31,7 +31,7 @@ from specgen.serve.log import Log
 from specgen.serve.logprobs import Entry, Pending, TokenNames, echoed
 from specgen.serve.metrics import Metrics
 from specgen.serve.stops import StopCut
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline

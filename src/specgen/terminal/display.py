@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
-    from specgen.drafting.calibration import CalibrationFit
+    from specgen.methods.dspark.calibration import CalibrationFit
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 

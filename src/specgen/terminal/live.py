@@ -28,7 +28,7 @@ from rich.text import Text
 from specgen.terminal.display import drafter_shares, plural
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.speedup import ModeledSpeedup
-from specgen.types.stats import GenStats
+from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Chunk, Pipeline

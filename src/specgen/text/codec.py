@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 
 
 class TextCodec:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from specgen.types.errors import PromptError
+from specgen.core.errors import PromptError
 
 
 @dataclass(frozen=True)

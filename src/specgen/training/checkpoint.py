@@ -1,7 +1,7 @@
 """Write trained drafters in the public formats, so `--drafter DIR` and other engines load
-them: z-lab's `DFlashDraftModel` layout, or DeepSpec's `Qwen3DSparkModel` layout (without
-its copies of the target's embedding and LM head, which every loader can take from the
-target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
+them: the block backbone's config in z-lab's layout, with the fields a method's hooks add
+(`DFlashDraftModel`'s, or DeepSpec's `Qwen3DSparkModel`'s without its copies of the
+target's embedding and LM head, which every loader can take from the target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
 fused matrices split back into the HF tensor names the loader reads."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specgen.types.config import RopeArgs
+from specgen.core.config import RopeArgs
 from specgen.models.drafters.dflash import DFlashNet
-from specgen.models.drafters.dspark import DSparkNet
 from specgen.models.families.gemma4 import GEMMA4_DEFAULTS
 
 
@@ -129,39 +128,17 @@ def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any
 
 def save_drafter(
     path: Path,
-    net: DFlashNet | DSparkNet,
+    net: torch.nn.Module,
+    backbone: DFlashNet,
     target_config: dict[str, Any],
+    fields: dict[str, Any],
     *,
     dtype: torch.dtype = torch.bfloat16,
-    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors for `net` into `path` (created)."""
-    backbone = net.backbone if isinstance(net, DSparkNet) else net
-    args = backbone.args
-    config = _base_config(target_config, backbone)
+    """Write config.json + model.safetensors for `net` (whose block backbone is `backbone`)
+    into `path` (created); `fields`: the config fields that name its layout."""
+    config = {**_base_config(target_config, backbone), **fields}
     tensors = {row.key: row.read() for row in net.plan()}
-    if isinstance(net, DSparkNet):
-        a = net.args
-        config.update(
-            architectures=["Qwen3DSparkModel"],
-            mask_token_id=args.mask_token_id,
-            target_layer_ids=list(args.target_layer_ids),
-            markov_rank=a.markov_rank,
-            markov_head_type=a.markov_kind or "vanilla",
-            enable_confidence_head=a.confidence,
-            confidence_head_with_markov=a.confidence_with_markov,
-        )
-        if a.anchor_first:
-            config["num_anchors"] = 512  # its presence marks the anchor-first layout
-    else:
-        config.update(
-            architectures=["DFlashDraftModel"],
-            dflash_config={
-                "mask_token_id": args.mask_token_id,
-                "target_layer_ids": list(args.target_layer_ids),
-            },
-        )
-    config.update(extra or {})
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = {k: v.detach().to(dtype).contiguous().cpu() for k, v in tensors.items()}

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.kernels.verify import verify
 from specgen.verify.sampling import filter_logits
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.types.config import FULL, ModelArgs
+from specgen.core.config import FULL, ModelArgs
 from specgen.kernels.gated_delta import replay_tape
 from specgen.models.cache.kv import StaticKVCache
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specgen.types.errors import PromptError
+from specgen.core.errors import PromptError
 
 
 class ContextLimitError(PromptError):

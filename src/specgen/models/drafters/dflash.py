@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.types.config import ModelArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs
+from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.layers.decoder import DecoderLayer

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.types.config import ModelArgs, RopeArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.layers.gemma4 import GELU, GemmaShape, gemma_mlp_widths
 
 ARCHITECTURES = ("Gemma4DSparkModel",)

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from specgen.types.config import ModelArgs, RopeArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from specgen.types.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.families.common import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
 from specgen.models.layers.gemma4 import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from specgen.types.config import ModelArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.families.common import attention_args
 from specgen.models.family import Family, register

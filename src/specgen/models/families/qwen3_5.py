@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.types.config import FULL, LINEAR, HybridArgs, ModelArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import FULL, LINEAR, HybridArgs, ModelArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.families.common import attention_args, config_errors, token_ids
 from specgen.models.family import MultimodalText, register

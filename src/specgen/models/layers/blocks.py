@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.rmsnorm import add_rms_norm
 from specgen.models.plans import Row
 from specgen.models.formats.weights import DenseWeight, new_weight

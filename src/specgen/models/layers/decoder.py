@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.qk_rope import apply_rope, qk_norm_rope

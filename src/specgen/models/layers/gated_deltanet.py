@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.gated_delta import gated_delta_chunked, gated_delta_replay, replay_tape
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp

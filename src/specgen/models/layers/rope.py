@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from specgen.types.config import RopeArgs
+from specgen.core.config import RopeArgs
 
 
 def inv_frequencies(rope: RopeArgs, head_dim: int) -> torch.Tensor:  # [d/2] fp32

@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from specgen.types.errors import CheckpointError
-from specgen.types.paths import specgen_home
+from specgen.core.errors import CheckpointError
+from specgen.core.paths import specgen_home
 
 # `general.architecture`s whose config specgen reads from the file itself: transformers
 # 5.25 rebuilds a Gemma 4 config from a GGUF with the defaults of another model (head dim

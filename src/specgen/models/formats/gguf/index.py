@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specgen.types.config import ModelArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.formats.gguf import layouts as gguf_layouts
 from specgen.models.formats.gguf.blocks import BLOCK, DECODERS, packed_from_blocks
 from specgen.models.formats.packed_matrix import PackedMatrix

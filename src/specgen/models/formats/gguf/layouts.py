@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.models.formats.packed_matrix import PackedMatrix
 
 Tensor = PackedMatrix | torch.Tensor

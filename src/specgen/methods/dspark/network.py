@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, check_pair
 from specgen.models.loading import SafetensorsIndex, fill, read_config

@@ -1,7 +1,7 @@
 """Training an EAGLE-3 drafter (`specgen train --kind eagle3`) with training-time test.
 
 Entry p of a sequence pairs the target's fused taps at p with the token at p + 1 and
-predicts the token at p + 2 (models/drafters/eagle3.py). Step 0 runs every entry causally, as the
+predicts the token at p + 2 (methods/eagle3/network.py). Step 0 runs every entry causally, as the
 drafter's pass over committed tokens does at inference. A chain anchored at token a
 (entry a - 1) then takes k - 1 more steps, each feeding the previous step's hidden output
 back with the next token, and attending to the step-0 keys up to its anchor's entry and to
@@ -29,11 +29,13 @@ from safetensors.torch import save_file
 
 from specgen.kernels.qk_rope import apply_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.drafters.eagle3 import Eagle3Net
-from specgen.models.drafters.eagle3_config import Eagle3Args, entering_default
+from specgen.methods.eagle3.network import Eagle3Net
+from specgen.methods.eagle3.config import Eagle3Args, entering_default
 from specgen.models.layers.rope import rope_tables
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import text_config
+from specgen.training.evaluate import walk
+from specgen.training.kind import DrafterTraining
 from specgen.training.losses import slot_weights
 from specgen.training.trainer import Prepared, Vocab
 
@@ -99,7 +101,7 @@ def trainable(net: Eagle3Net) -> list[torch.nn.Parameter]:
 
 
 class _Attention:
-    """One layer's q/k/v and output, differentiably (models/drafters/eagle3.py's forward, unrolled)."""
+    """One layer's q/k/v and output, differentiably (methods/eagle3/network.py's forward, unrolled)."""
 
     def __init__(self, net: Eagle3Net, i: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.net, self.i, self.layer = net, i, net.layers[i]
@@ -307,3 +309,32 @@ def save_eagle3(
     (path / "config.json").write_text(json.dumps({**config, **(extra or {})}, indent=2) + "\n")
     save_file(tensors, str(path / "model.safetensors"))
     return path
+
+
+class Eagle3Training(DrafterTraining):
+    """The training loop's hooks for EAGLE-3 (random start only: no `--init target`)."""
+
+    def config(self, target_config: dict[str, Any], target_layers: int, cfg,
+               vocab: Vocab | None) -> dict:  # fmt: skip
+        rows = target_config.get("vocab_size") if vocab is None else int(vocab.ids.shape[0])
+        return eagle3_config(target_config, cfg.target_layers or default_taps(target_layers), rows)
+
+    def new(self, target: Transformer, config: dict, cfg, vocab: Vocab | None) -> Eagle3Net:
+        return new_eagle3(target, config, vocab, cfg.seed)
+
+    def trainable(self, net) -> list[torch.nn.Parameter]:
+        return trainable(net)
+
+    def reads(self, net, target: Transformer) -> tuple[tuple[int, ...], int | None]:
+        return tuple(net.args.taps), None
+
+    def loss(self, target: Transformer, net, item: Prepared, *, anchors_per_sequence: int,
+             gamma: float, generator: torch.Generator, vocab: Vocab | None):  # fmt: skip
+        return eagle3_loss(target, net, item, anchors_per_sequence=anchors_per_sequence,
+                           gamma=gamma, generator=generator, vocab=vocab)  # fmt: skip
+
+    def evaluate(self, target: Transformer, net, held: list[Prepared], vocab: Vocab | None):
+        return walk(accepted_lengths(target, net, item, vocab) for item in held)
+
+    def write(self, out: Path, net, config: dict, vocab: Vocab | None, record: dict) -> None:
+        save_eagle3(out, net, config, extra={"specgen_training": record})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.types.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 
 DTYPES = {
     "float32": torch.float32,

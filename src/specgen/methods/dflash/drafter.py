@@ -17,21 +17,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.static_draft import StaticBlockDraft
+from specgen.methods.dflash.export import EXPORT
 from specgen.models.drafters.dflash import DFlashNet, load_dflash
+from specgen.training.block_drafters import BlockTraining
 
 if TYPE_CHECKING:
-    from specgen.types.config import SamplingParams
+    from specgen.core.config import SamplingParams
     from specgen.models.transformer import Transformer
 
 
 @register("dflash")
 class DFlashMethod(BlockMethod):
     architectures = ("DFlashDraftModel",)
-    variants = ("dflash2",)  # a DFlash 2 checkpoint given to --method dflash (drafting/dflash2.py)
+    training = BlockTraining()  # the block drafters' training is DFlash's as it stands
+    export = EXPORT
+    variants = ("dflash2",)  # a DFlash 2 checkpoint given to --method dflash (methods/dflash2/drafter.py)
     label = "DFlash"
 
     @classmethod

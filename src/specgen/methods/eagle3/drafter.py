@@ -1,4 +1,4 @@
-"""`--method eagle3`: an EAGLE-3 drafter drafting a chain of k tokens (models/drafters/eagle3.py).
+"""`--method eagle3`: an EAGLE-3 drafter drafting a chain of k tokens (methods/eagle3/network.py).
 
 The drafter's entry i pairs the target's fused features at position i with the token at
 i + 1, so an entry can be committed only once both are in the target cache: after the
@@ -17,7 +17,7 @@ The device-resident loop (engine/resident.py) drives it from device state: `obse
 writes the verified block's features and runs its entries at once (entry start - 1 + j
 pairs position start - 1 + j with block token j; those past the accepted ones are
 overwritten by the next step's), so entries up to n - 2 are always in the cache and a
-draft is a fixed-shape chain (drafting/eagle3_chain.py), a CUDA graph per length on CUDA.
+draft is a fixed-shape chain (methods/eagle3/chain.py), a CUDA graph per length on CUDA.
 
 k is the verify length the cost scheduler settled before drafting (the drafter has no
 confidences), as for DFlash. Greedy drafts are the argmax chain (a point mass). Sampling
@@ -34,22 +34,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
-from specgen.drafting.eagle3_chain import ChainSteps, pick
-from specgen.types.errors import SpecgenError
-from specgen.models.drafters.eagle3 import Eagle3Net, load_eagle3
-from specgen.models.drafters.eagle3_config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
+from specgen.methods.eagle3.export import EXPORT
+from specgen.methods.eagle3.chain import ChainSteps, pick
+from specgen.core.errors import SpecgenError
+from specgen.methods.eagle3.network import Eagle3Net, load_eagle3
+from specgen.methods.eagle3.training import Eagle3Training
+from specgen.methods.eagle3.config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:
-    from specgen.types.config import SamplingParams, SpecConfig
+    from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 
 @register("eagle3")
 class Eagle3Method(DraftMethod):
     architectures = (*ARCHITECTURES, *DEEPSPEC, *DEEPSPEC_GEMMA)
+    training = Eagle3Training()
+    export = EXPORT
     label = "EAGLE-3"
 
     def __init__(
@@ -121,7 +125,7 @@ class Eagle3Drafter(ResidentDrafter):
         self._eager_steps: ChainSteps | None = None
 
     def static_steps(self, *, capture: bool) -> ChainSteps:
-        """The fixed-shape chains (drafting/eagle3_chain.py)."""
+        """The fixed-shape chains (methods/eagle3/chain.py)."""
         return ChainSteps(self.net, self.target, self.cache, self.fused, self._noise, capture)
 
     def tensors(self) -> list[torch.Tensor]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specgen.types.errors import OptionError, SpecgenError
+from specgen.core.errors import OptionError, SpecgenError
 
 # Plain decoding's name among the methods (`--method ar`), the key of every speedup's
-# baseline; every other method is a registered drafter (specgen.drafting.DRAFTERS)
+# baseline; every other method is a registered drafter (specgen.methods)
 AR = "ar"
 
 LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's `layer_types`
@@ -252,7 +252,7 @@ class VerifyPolicy:
 class SpecConfig:
     """Which decoding method runs, and its drafting knobs.
 
-    `method` is `AR` (plain decoding) or a name registered in `specgen.drafting.DRAFTERS`.
+    `method` is `AR` (plain decoding) or a name registered in `specgen.methods`.
     `drafter` is a drafter checkpoint (local directory or Hub repo) overriding the registry,
     or a tuple of them for a method that mounts several (stacked).
     `draft_tokens` caps the tokens drafted per step (None: the method's default).

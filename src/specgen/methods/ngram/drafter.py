@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.draft import Draft, empty_draft
+from specgen.core.draft import Draft, empty_draft
 from specgen.drafting.base import Checkpoint, Drafter, DraftMethod, register
 
 if TYPE_CHECKING:
-    from specgen.types.config import SamplingParams, SpecConfig
+    from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 DEFAULT_DRAFT_TOKENS = 10

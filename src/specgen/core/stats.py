@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgen.types.events import StepEvent
-from specgen.types.config import AR
+from specgen.core.events import StepEvent
+from specgen.core.config import AR
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """`--method dflash2`: z-lab's DFlash 2 drafter (DFlash's block pass, convolutions in every
-layer, and a candidate selector that drafts a chain; models/drafters/dflash2.py).
+layer, and a candidate selector that drafts a chain; methods/dflash2/network.py).
 
 Each step runs the block once, as DFlash, then walks the draft slots left to right through
 the selector: top-`selector_top_k` candidates of each slot's logits, scored against the
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.static_draft import StaticBlockDraft
-from specgen.models.drafters.dflash2 import ARCHITECTURE, DFlash2Net, load_dflash2
+from specgen.methods.dflash2.export import EXPORT
+from specgen.methods.dflash2.network import ARCHITECTURE, DFlash2Net, load_dflash2
 from specgen.models.graphs import graphs_failed
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 @register("dflash2")
 class DFlash2Method(BlockMethod):
     architectures = (ARCHITECTURE,)
+    export = EXPORT
     label = "DFlash 2"
 
     @classmethod

@@ -4,7 +4,7 @@
 It is DFlash's block drafter (models/drafters/dflash.py: context features as K/V, one pass over
 [anchor, MASK x (B-1)], the target's LM head) with two additions:
 - every layer's attention and MLP sit inside a grouped dynamic causal convolution over the
-  block (models/drafters/dflash2_layer.py);
+  block (methods/dflash2/layer.py);
 - a candidate selector picks the draft as a chain instead of a per-slot argmax: slot j
   keeps the top `selector_top_k` tokens of its logits (after `output_multiplier` and the
   soft-cap, as DFlash's) and scores each candidate c as
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, check_pair
-from specgen.models.drafters.dflash2_layer import ConvDecoderLayer
+from specgen.methods.dflash2.layer import ConvDecoderLayer
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
 from specgen.models.transformer import Transformer

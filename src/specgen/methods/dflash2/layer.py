@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.types.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.rmsnorm import rms_norm

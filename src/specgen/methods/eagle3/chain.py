@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.types.draft import Draft
+from specgen.core.draft import Draft
 from specgen.models.graphs import Replay, set_input
 from specgen.verify.sampling import probabilities
 
 if TYPE_CHECKING:
-    from specgen.types.config import SamplingParams
-    from specgen.models.drafters.eagle3 import Eagle3Net
+    from specgen.core.config import SamplingParams
+    from specgen.methods.eagle3.network import Eagle3Net
     from specgen.models.cache.kv import StaticKVCache
     from specgen.models.transformer import Transformer
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from specgen.types.draft import Draft, DraftOption
+from specgen.core.draft import Draft, DraftOption
 from specgen.drafting.base import (
     DRAFTERS,
     Checkpoint,
@@ -36,10 +36,10 @@ from specgen.drafting.base import (
     method_of,
     register,
 )
-from specgen.types.errors import CheckpointError, SpecgenError
+from specgen.core.errors import CheckpointError, SpecgenError
 
 if TYPE_CHECKING:
-    from specgen.types.config import SamplingParams, SpecConfig
+    from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 

@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter network, in the three published layouts (config: models/drafters/eagle3_config.py).
+"""The EAGLE-3 drafter network, in the three published layouts (config: methods/eagle3/config.py).
 
 One (or a few) Llama- or Qwen3-shaped layers run autoregressively beside the target. Entry
 i of the drafter's sequence pairs the target's fused features at position i (its taps,
@@ -22,7 +22,7 @@ embedding is the target's scaled one (sqrt(H), as Gemma's) and its logits are so
 Entries run two ways: `forward` at the cache's host-side length (the sync loop), and
 `forward_static` at a position held in device memory, writing K/V with `index_copy_` and
 attending under a mask built on the device, so a CUDA graph of it replays at any length
-(the device-resident loop, drafting/eagle3_chain.py).
+(the device-resident loop, methods/eagle3/chain.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.layers.blocks import norm_weight
 from specgen.models.layers.decoder import DecoderLayer
-from specgen.models.drafters.eagle3_config import Eagle3Args, check_pair
+from specgen.methods.eagle3.config import Eagle3Args, check_pair
 from specgen.models.drafters.gemma4 import draft_layer_shape
 from specgen.models.layers.gemma4 import GemmaLayer
 from specgen.models.cache.kv import StaticKVCache

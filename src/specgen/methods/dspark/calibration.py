@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specgen.types.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 
 FILENAME = "calibration.json"
 FORMAT = "specgen-confidence-temperatures/1"

@@ -18,15 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.types.config import SamplingParams
-from specgen.types.draft import Draft, DraftOption, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
-from specgen.drafting.calibration import Calibration, load_calibration
+from specgen.methods.dspark.export import EXPORT
+from specgen.methods.dspark.calibration import Calibration, load_calibration
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab
 from specgen.kernels import backend
-from specgen.models.drafters.dspark import DSparkNet, load_dspark
+from specgen.methods.dspark.network import DSparkNet, load_dspark
+from specgen.methods.dspark.training import DSparkTraining
 from specgen.models.graphs import graphs_failed
 from specgen.verify.sampling import probabilities
 
@@ -147,6 +150,8 @@ def _fused_draw(net, base, hidden, anchor, calibration, vocab, params, noise) ->
 @register("dspark")
 class DSparkMethod(BlockMethod):
     architectures = ("Qwen3DSparkModel", "Gemma4DSparkModel")
+    training = DSparkTraining()
+    export = EXPORT
     label = "DSpark"
 
     def __init__(
@@ -179,6 +184,13 @@ class DSparkMethod(BlockMethod):
 
     def draft_slots(self, block_size: int) -> int:
         return block_size - self.net.args.first_slot
+
+    def uncalibrated(self, name: str) -> None:
+        """Confidences from the head's raw logits from now on, to fit a calibration on
+        (`specgen calibrate`); a drafter (`name`) without a confidence head is refused."""
+        if not self.net.args.confidence:
+            raise SpecgenError(f"{name} has no confidence head to calibrate")
+        self.calibration = None
 
     def new_drafter(self, capacity: int) -> DSparkDrafter:
         return DSparkDrafter(self, capacity)

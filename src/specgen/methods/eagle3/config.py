@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from specgen.types.config import ModelArgs
-from specgen.types.errors import CheckpointError
+from specgen.core.config import ModelArgs
+from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
 from specgen.models.drafters.gemma4 import GemmaDraftArgs, gemma_layers_from_hf
 

@@ -28,9 +28,9 @@ SAMPLE = HERE / "prompts" / "spec_bench_sample.jsonl"
 
 
 def main() -> None:
+    from specgen.api.pipeline import Pipeline
     from specgen.core.config import SamplingParams, SpecConfig
     from specgen.methods.eagle3 import drafter as eagle3
-    from specgen.api.pipeline import Pipeline
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")

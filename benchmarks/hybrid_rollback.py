@@ -64,9 +64,9 @@ def _layer(layer, cache, x, layer_id, tokens):
 def main() -> None:
     from specgen.core.config import LINEAR
     from specgen.kernels.gated_delta import gated_delta_recurrent, gated_delta_replay
+    from specgen.models.cache.hybrid import HybridCache
     from specgen.models.families import model_args
     from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
-    from specgen.models.cache.hybrid import HybridCache
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")

@@ -27,11 +27,11 @@ def main() -> None:
 
     from rich.console import Console
 
+    from specgen.api.pipeline import Pipeline
     from specgen.bench.suites import BUILTIN, load_suite
     from specgen.cli.common import quiet_libraries
     from specgen.core.config import SpecConfig
     from specgen.terminal.live import LiveAnswer
-    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     base = Pipeline.load(args.model, spec=SpecConfig(engine="sync"))

@@ -97,8 +97,8 @@ def _randomize(module: torch.nn.Module) -> None:
 def build(target_cfg: dict, device: str, dtype: torch.dtype, quantize: str | None = None):
     from specgen.methods.dflash.drafter import DFlashMethod
     from specgen.methods.dspark.drafter import DSparkMethod
-    from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
     from specgen.methods.dspark.network import DSparkArgs, DSparkNet
+    from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
     from specgen.models.families import model_args
     from specgen.models.transformer import Transformer
 

@@ -49,9 +49,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from specgen.cli.common import quiet_libraries
+    from specgen.core.paths import specgen_home
     from specgen.hub import resolve_model
     from specgen.models.loading import load_target, read_config
-    from specgen.core.paths import specgen_home
     from specgen.training.features import target_features
     from specgen.training.loop import TrainConfig, load_sequences, train
 

@@ -29,9 +29,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("SPECGEN_CPU_THREADS", "fixed")
 
+    from specgen.api.pipeline import Pipeline
     from specgen.cli.common import quiet_libraries
     from specgen.kernels.packed import kernel_lanes
-    from specgen.api.pipeline import Pipeline
 
     quiet_libraries()
     model = Pipeline.load(args.model).model

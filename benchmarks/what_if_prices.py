@@ -77,7 +77,6 @@ def main() -> None:
         "dspark": dspark if args.dspark is None else args.dspark,
     }
 
-    from specgen.terminal import display
     from specgen.bench.harness import run_bench
     from specgen.bench.report import summarize
     from specgen.bench.suites import load_suite
@@ -85,6 +84,7 @@ def main() -> None:
     from specgen.cli.common import quiet_libraries
     from specgen.cli.options import Run
     from specgen.core.config import SamplingParams
+    from specgen.terminal import display
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)

@@ -10,16 +10,16 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import FIXTURES
+from specgen.api.pipeline import Pipeline
 from specgen.bench.harness import BenchRun, Divergence, PromptRun, run_bench
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.suites import BUILTIN, PUBLIC, load_suite
 from specgen.cli import app
 from specgen.core.config import SamplingParams, SpecConfig
 from specgen.core.errors import ModelNotFoundError, PromptError, SpecgenError
-from specgen.models.families import model_args
-from specgen.api.pipeline import Pipeline
 from specgen.core.stats import GenStats
+from specgen.models.families import model_args
+from support.targets import FIXTURES
 
 runner = CliRunner()
 

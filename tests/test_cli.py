@@ -7,27 +7,8 @@ import shutil
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from specgen.cli import app
-
-runner = CliRunner()
-FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
-
-
-def run(*args, input=None):
-    return runner.invoke(app, list(args), input=input)
-
-
-def assert_one_line_error(result, code, *fragments):
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()  # status lines may come before the error
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    assert "Traceback" not in result.stderr
-
+from support.cli import FAST, assert_one_line_error, run
 
 # --- what works -------------------------------------------------------------------------
 
@@ -364,7 +345,7 @@ def test_calibrate_writes_beside_the_drafter_and_is_used(tiny_qwen3_deep, tiny_d
 
 
 def test_calibrate_refuses_a_drafter_without_confidence_head(tiny_qwen3_deep, tmp_path):
-    from conftest import save_tiny_dspark
+    from support.drafters import save_tiny_dspark
 
     drafter = save_tiny_dspark(tmp_path / "plain", rank=0, confidence=False)
     prompts = tmp_path / "p.txt"

@@ -199,8 +199,8 @@ def test_bad_lines_in_a_prompt_file_are_reported_in_place(tiny_llama, tmp_path):
 
 def _fake_answers(monkeypatch, limit: int) -> list[int]:
     """Every answer is "ANSWER"; a prompt over `limit` tokens fails as a full context does."""
-    from specgen.models.cache.kv import ContextLimitError
     from specgen.api.pipeline import Chunk, Pipeline
+    from specgen.models.cache.kv import ContextLimitError
 
     seen: list[int] = []
 

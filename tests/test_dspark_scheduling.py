@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from conftest import chi_square_pvalue
 from specgen.core.config import SamplingParams, VerifyPolicy
 from specgen.core.draft import Draft
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.methods.dspark.calibration import (
     Calibration,
     Step,
@@ -19,7 +19,6 @@ from specgen.methods.dspark.calibration import (
     load_calibration,
     save_calibration,
 )
-from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.scheduling.verify_length import (
@@ -28,6 +27,7 @@ from specgen.scheduling.verify_length import (
     threshold_length,
 )
 from specgen.verify import verify_draft
+from support.statistics import chi_square_pvalue
 
 
 def test_no_verification_when_drafting_does_not_pay():

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import H, save_eagle3, save_target
-from test_cli import FAST, assert_one_line_error, run
 
-from conftest import TINY_VOCAB, save_tiny_dflash
+from specgen.api.pipeline import Pipeline
 from specgen.core.config import SpecConfig
 from specgen.core.errors import CheckpointError
-from specgen.api.pipeline import Pipeline
+from support.cli import FAST, assert_one_line_error, run
+from support.drafters import save_tiny_dflash
+from support.eagle3 import H, save_eagle3, save_target
+from support.targets import TINY_VOCAB
 
 
 @pytest.fixture(scope="module")

@@ -18,20 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, save_tiny_gemma4
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
 from specgen.core.config import FULL, SLIDING
 from specgen.core.errors import CheckpointError
 from specgen.models import loading
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.families import model_args
 from specgen.models.graphs import GraphedForward
-from specgen.models.cache.kv import StaticKVCache
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer, attention_mask
-from specgen.api.pipeline import Pipeline
+from support.cli import assert_one_line_error
+from support.targets import TINY_VOCAB, save_tiny_gemma4
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # fp32: the same ops in another order (logits; taps: see `assert_tap_close`)

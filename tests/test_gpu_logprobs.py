@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.core.config import SamplingParams, SpecConfig
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
 
 pytestmark = pytest.mark.gpu
 

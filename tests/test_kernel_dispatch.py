@@ -11,8 +11,8 @@ import importlib
 
 import pytest
 
-from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
 
 DISPATCHERS = (
     "specgen.kernels.verify",

@@ -7,12 +7,18 @@ import io
 import pytest
 from rich.console import Console
 
-from specgen.core.config import SpecConfig
-from specgen.terminal.live import LiveAnswer, PlainAnswer, acceptance_bars, answer_view, status_panel
 from specgen.api.pipeline import Chunk, Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.stats import GenStats
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.speedup import ModeledSpeedup, modeled_speedup
-from specgen.core.stats import GenStats
+from specgen.terminal.live import (
+    LiveAnswer,
+    PlainAnswer,
+    acceptance_bars,
+    answer_view,
+    status_panel,
+)
 
 
 def _stats(verify_policy="cost") -> GenStats:
@@ -170,7 +176,7 @@ class _OracleMethod:
         self.mounted = {"oracle": self}
 
     def new_drafter(self, capacity):
-        from test_loop import OracleDrafter
+        from support.scripted_drafters import OracleDrafter
 
         return OracleDrafter(self.model)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.core.config import SamplingParams, SpecConfig
-from specgen.engine.overlap import overlapped
-from specgen.core.events import StepEvent
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.events import StepEvent
+from specgen.engine.overlap import overlapped
 
 PROMPTS = ["The quick brown fox", "one two three one two three one two three one"]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from packed_helpers import ALL_KINDS, dequantized, random_blocks
 
 from specgen.kernels.packed import cpu_library, packed_linear_cpu, packed_linear_torch
 from specgen.models.formats.gguf.blocks import packed_from_blocks
 from specgen.models.formats.packed_matrix import PackedMatrix, quantize
+from support.packed import ALL_KINDS, dequantized, random_blocks
 
 ROWS, COLS = 37, 512  # odd rows: a partial column tile; two K-quant super-blocks
 
@@ -127,8 +127,8 @@ def test_bad_packed_shapes_are_refused():
 
 
 def test_quantize_on_load_fits_the_group_to_each_matrix():
-    from specgen.models.formats.weights import FORMATS, DenseWeight
     from specgen.models.formats.packed_weight import Int4Weight
+    from specgen.models.formats.weights import FORMATS, DenseWeight
 
     assert FORMATS["int4"] is Int4Weight
     gen = torch.Generator().manual_seed(3)

@@ -12,19 +12,20 @@ from collections import Counter
 
 import pytest
 import torch
-from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
-from test_cli import assert_one_line_error, run
-from test_resident import AnswerKeyDrafter
 
-from conftest import TINY_VOCAB, chi_square_pvalue
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft
+from specgen.core.errors import OptionError
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
-from specgen.core.errors import OptionError
 from specgen.models.loading import load_target
 from specgen.verify.penalties import Penalties, penalise
 from specgen.verify.sampling import probabilities
+from support.cli import assert_one_line_error, run
+from support.every_method import hf_deep, pipes  # noqa: F401  (fixtures)
+from support.scripted_drafters import AnswerKeyDrafter
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 PENALTIES = [
     dict(repetition_penalty=1.3),

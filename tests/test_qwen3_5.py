@@ -16,13 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_VOCAB, save_tiny_qwen3_5
 from specgen.core.config import FULL, LINEAR
 from specgen.core.errors import CheckpointError
 from specgen.models import loading
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
+from support.targets import TINY_VOCAB, save_tiny_qwen3_5
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOL = dict(atol=2e-5, rtol=1e-5)  # fp32: the same ops in another order

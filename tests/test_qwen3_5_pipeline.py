@@ -14,13 +14,15 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
 from specgen.core.config import SamplingParams, SpecConfig
-from specgen.api.pipeline import Pipeline
+from support.cli import assert_one_line_error
+from support.drafters import save_tiny_dflash
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32"]

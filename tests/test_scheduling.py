@@ -109,9 +109,9 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflash, graphs):
+    from specgen.api.pipeline import Pipeline
     from specgen.core.config import SpecConfig
     from specgen.engine import costs as cost
-    from specgen.api.pipeline import Pipeline
 
     seen = []
     real = cost.cached_costs
@@ -229,8 +229,8 @@ def test_the_scheduler_picks_the_faster_option_or_none():
 
 @pytest.mark.slow
 def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
-    from specgen.core.config import SpecConfig
     from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
     from specgen.scheduling.cost import CostTable
 
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
@@ -265,8 +265,8 @@ def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
 
 
 def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, tiny_dflash):
-    from specgen.core.config import SpecConfig
     from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
@@ -454,9 +454,9 @@ def test_costs_measured_again_mid_session_keep_the_shape_it_learnt_with(
     method's longest draft, so the table measured again when the steps drift (the machine
     got busy) has the shape the scheduler's history was sized by: a serve test once hit an
     IndexError when a 17-column cached table was replaced by a 16-column one mid-answer."""
+    from specgen.api.pipeline import Pipeline
     from specgen.core.config import SpecConfig
     from specgen.engine import costs as cost
-    from specgen.api.pipeline import Pipeline
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     longer = cost.target_costs(ar.model, ar._cost_key, 20)  # cached by a longer drafter

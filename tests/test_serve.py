@@ -14,7 +14,8 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import CPU, Server, generate, streamed
+
+from support.serve import CPU, Server, generate, streamed
 
 METHODS = ("ar", "ngram", "dflash", "dspark", "stacked")
 KEY = "test-key"

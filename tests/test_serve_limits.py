@@ -10,11 +10,12 @@ import json
 import random
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
-from test_cli import assert_one_line_error, run
 
 from specgen.serve import limits
 from specgen.serve.errors import APIError
+from support.cli import assert_one_line_error, run
+from support.serve import FIELDS, TOOL_ANSWERS
+from support.serve_stub import StubPipe, codec_with, stub_app
 
 
 @pytest.fixture(scope="module")
@@ -161,56 +162,6 @@ def test_certainly_too_long_is_a_lower_bound():
 
 # --- a seeded fuzz over the request schema ---------------------------------------------------
 
-FIELDS = {
-    "model": ["m", "", None, 3, "other"],
-    "max_tokens": [1, 4, 0, -1, 2**70, "8", 2.5, None, True],
-    "max_completion_tokens": [2, 0, None, []],
-    "temperature": [0, 0.7, 2, 3, -1, "hot", None, float("1e308"), 1e-300, 1e-4, 5e-324],
-    "top_p": [1, 0.5, 0, 2, None, {}, 1e-300],
-    "top_k": [0, -1, 5, -2, "x", 10**12, 2**63 - 1, 1],
-    "seed": [0, 7, -1, 2**64, 2**70, None, 1.5, 2**64 - 1, -(2**63)],
-    "ignore_eos": [True, False, "x"],
-    "stop": ["\n", ["a", "b"], [1], ["x"] * 20, "", None, {"a": 1}],
-    "stream": [True, False, None, "yes", 1],
-    "stream_options": [{"include_usage": True}, {"include_usage": 1}, [], None],
-    "n": [1, 2, None, True],
-    "logprobs": [False, True, None, 3, 0, 5, 6, 20, -1],
-    "top_logprobs": [0, 3, 20, 21, -1, "x", None],
-    "echo": [True, False, "x", None],
-    "presence_penalty": [0, 1.5, -2, 3, "x", None, float("nan")],
-    "frequency_penalty": [0, -1.0, 2, 2.01, None, []],
-    "repetition_penalty": [1, 1.2, 0, 0.01, 100, 1e9, None],
-    "user": ["u", 5],
-    "specgen": [{"method": "ar"}, {"method": "eagle"}, {"x": 1}, "ar", None],
-    "chat_template_kwargs": [{"enable_thinking": True}, {"enable_thinking": "no"}, 3],
-    "tools": [
-        None,
-        [],
-        [{"type": "function", "function": {"name": "f"}}],
-        "x",
-        [1],
-        [
-            {
-                "function": {
-                    "name": "f",
-                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
-                }
-            },
-            {"function": {"name": "g"}},
-        ],
-        [{"function": {"name": "f", "parameters": [1]}}],
-    ],
-    "tool_choice": [
-        "auto",
-        "none",
-        "required",
-        {"type": "function"},
-        3,
-        {"type": "function", "function": {"name": "f"}},
-        {"type": "function", "function": {"name": "nope"}},
-    ],
-    "parallel_tool_calls": [True, False, "x"],
-}
 CONTENTS = ["hi", "", None, 3, [{"type": "text", "text": "a"}], [{"type": "image"}], [1],
             {"text": "x"}, "x" * 300, "Café 🙂", "lone \ud800 surrogate"]  # fmt: skip
 ROLES = ["user", "system", "assistant", "developer", "tool", "bot", None, 1, [], {"a": 1}]
@@ -301,15 +252,6 @@ def calls_in(r) -> int:
 
 
 CASES = 2500
-# the model's scripted answers on the tool templates: calls, broken calls, plain text
-TOOL_ANSWERS = {
-    "qwen3": ['<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
-              "<tool_call>\n{broken\n</tool_call>", "plain", '<tool_call>\n{"name": "f"',
-              '{"a": 1}}\n</tool_call>', '{"name": "f", "arguments": {"a": 2}}\n</tool_call>'],
-    "gemma4": ['<|tool_call>call:f{a:1}<tool_call|>', '<|tool_call>call:f{a:[<|"|>x',
-               "plain <|tool_call>", "<|tool_call>call:g{}<tool_call|>", "a:3}<tool_call|>",
-               "f{a:4}<tool_call|>"],
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("family, cases", [("chatml", CASES), ("qwen3", 800), ("gemma4", 800)])
@@ -319,7 +261,7 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
     """On the tiny ChatML template (tools refused) and on two published tool templates
     (tools rendered, scripted calls parsed, Gemma 4's with its special tokens)."""
     if family != "chatml":
-        from test_serve_tools import SPECIAL, template
+        from support.serve_tools import SPECIAL, template
 
         codec = codec_with(tmp_path, template(family), SPECIAL[family])
         pipe = StubPipe(codec, context=4096, answers=TOOL_ANSWERS[family])
@@ -351,11 +293,11 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     from fastapi.testclient import TestClient
 
     from specgen.api.pipeline import Pipeline
+    from specgen.api.spec import SpecConfig
     from specgen.serve.app import Service, build_app
     from specgen.serve.metrics import Metrics
     from specgen.serve.openai_api import Defaults
     from specgen.serve.worker import Worker
-    from specgen.api.spec import SpecConfig
 
     def load():
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import CPU, Server, streamed
+
+from support.serve import CPU, Server, streamed
 
 METHODS = ("ar", "ngram", "dflash")
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Speculative decoding", "Café, naïve")

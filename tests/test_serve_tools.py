@@ -7,37 +7,14 @@ write tool calls by itself. The real server with a model is in test_serve_tools_
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
 
 from specgen.serve import tools as T
 from specgen.serve.tool_calls import Call, ToolStream, format_of, split
+from support.serve_stub import StubPipe, codec_with, stub_app
+from support.serve_tools import ASK, SPECIAL, TIME, WEATHER, template
 
-TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
-SPECIAL = {  # the tokens each family's tokenizer has (the tiny one gets them added)
-    "qwen3": [], "qwen3.5": [],
-    "llama-3.1": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                  "<|python_tag|>"],
-    "gemma4": ["<|tool_call>", "<tool_call|>", '<|"|>', "<|turn>", "<turn|>", "<|tool>",
-               "<tool|>", "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>"],
-}  # fmt: skip
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-        "properties": {"zone": {"type": "string"}}}}}  # fmt: skip
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
 # what a model of each family writes to call get_weather(city="Paris", days=2), then
 # get_time(zone="CET"), after a line of text
 CALLS = {
@@ -55,10 +32,6 @@ LLAMA_CALLS = '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2
               '{"name": "get_time", "parameters": {"zone": "CET"}}'  # fmt: skip
 SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": {}}
 EXPECTED = [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"zone": "CET"})]
-
-
-def template(name: str) -> str:
-    return (TEMPLATES / f"{name}.jinja").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
-from test_cli import assert_one_line_error, run
 
+from specgen.core.stats import GenStats
 from specgen.serve.errors import APIError
 from specgen.serve.openai_api import Defaults, parse
 from specgen.serve.report import histogram
 from specgen.serve.stops import Piece, StopCut
-from specgen.core.stats import GenStats
+from support.cli import assert_one_line_error, run
 
 # --- stop strings ---------------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ from rich.console import Console
 
 from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import summarize
+from specgen.core.stats import GenStats
 from specgen.terminal.display import drafter_shares, plural, stats_line
 from specgen.terminal.live import status_panel
-from specgen.core.stats import GenStats
 
 
 def _steps() -> GenStats:

@@ -8,14 +8,11 @@ import json
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3, save_target
-from test_cli import assert_one_line_error, run
 
+from specgen.api.pipeline import Pipeline
 from specgen.core.config import SpecConfig
 from specgen.methods.eagle3.drafter import Eagle3Method
 from specgen.methods.eagle3.network import load_eagle3
-from specgen.models.loading import load_target, read_config
-from specgen.api.pipeline import Pipeline
 from specgen.methods.eagle3.training import (
     CHAIN,
     accepted_lengths,
@@ -29,7 +26,10 @@ from specgen.methods.eagle3.training import (
 from specgen.methods.eagle3.training import (
     save_eagle3 as write_eagle3,
 )
+from specgen.models.loading import load_target, read_config
 from specgen.training.trainer import Sequence, Vocab, prepare
+from support.cli import assert_one_line_error, run
+from support.eagle3 import save_eagle3, save_target
 
 TEXT = "The quick brown fox"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.core.config import SpecConfig
-from specgen.models.drafters.dflash import load_dflash
-from specgen.methods.dspark.network import load_dspark
-from specgen.models.loading import load_target
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.methods.dspark.network import load_dspark
+from specgen.models.drafters.dflash import load_dflash
+from specgen.models.loading import load_target
 from specgen.training.features import SHARD, target_features
 from specgen.training.kind import training_of
 from specgen.training.trainer import Prepared, Sequence, prepare

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import CPU, Server
+
+from support.serve import CPU, Server
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "web-view-test-key"

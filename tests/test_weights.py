@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specgen.api.pipeline import Pipeline
 from specgen.core.config import SpecConfig
-from specgen.models.loading import load_target
 from specgen.models.formats.weights import (
     FORMATS,
     DenseWeight,
@@ -21,7 +21,7 @@ from specgen.models.formats.weights import (
     convert_weights,
     register_format,
 )
-from specgen.api.pipeline import Pipeline
+from specgen.models.loading import load_target
 
 
 class Transposed(LinearWeight):

@@ -19,10 +19,9 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
-from specgen.core.config import ModelArgs, SamplingParams, SpecConfig
-from specgen.core.errors import SpecgenError
-from specgen.core.config import AR
 from specgen.api.pipeline import Chunk, Completion, Pipeline
+from specgen.core.config import AR, ModelArgs, SamplingParams, SpecConfig
+from specgen.core.errors import SpecgenError
 from specgen.core.stats import GenStats
 
 __version__ = "0.1.0"

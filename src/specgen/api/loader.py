@@ -9,11 +9,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specgen.api.spec import load_method
 from specgen.core.config import SpecConfig
 from specgen.core.device import resolve_device, resolve_dtype
+from specgen.core.errors import CheckpointError, OptionError, SpecgenError
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch, cached_costs
-from specgen.core.errors import CheckpointError, OptionError, SpecgenError
 from specgen.hub import Notify, ResolvedModel, resolve_model
 from specgen.models.formats.gguf.convert import ensure_converted
 from specgen.models.formats.gguf.index import gguf_architecture
@@ -22,7 +23,6 @@ from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_model
 from specgen.models.transformer import Transformer
 from specgen.scheduling.cost import CostTable
-from specgen.api.spec import load_method
 from specgen.text.codec import TextCodec
 
 DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more

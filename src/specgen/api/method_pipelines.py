@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from specgen.core.config import SpecConfig
-from specgen.drafting import method_of
-from specgen.methods import DRAFTERS
-from specgen.core.errors import SpecgenError
-from specgen.hub import Notify, resolve_drafter
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.errors import SpecgenError
+from specgen.drafting import method_of
+from specgen.hub import Notify, resolve_drafter
+from specgen.methods import DRAFTERS
 
 Drafters = str | tuple[str, ...]  # one method's checkpoint, or stacked's several
 

@@ -12,22 +12,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.core.config import DEFAULT_MAX_NEW_TOKENS, MAX_LOGPROBS, SamplingParams, SpecConfig
+from specgen.api.loader import Decoding, Target, load_decoding, load_target
+from specgen.api.spec import checked_spec
+from specgen.core.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    MAX_LOGPROBS,
+    SamplingParams,
+    SpecConfig,
+    checked_max_new_tokens,
+)
+from specgen.core.errors import OptionError, PromptError, SpecgenError
+from specgen.core.events import StepEvent, TokenLogprob
+from specgen.core.stats import GenStats
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch
 from specgen.engine.run import decode
 from specgen.engine.score import score_prompt
 from specgen.engine.session import Session
-from specgen.core.errors import OptionError, PromptError, SpecgenError
-from specgen.core.events import StepEvent, TokenLogprob
 from specgen.hub import Notify
-from specgen.api.loader import Decoding, Target, load_decoding, load_target
 from specgen.models.transformer import Transformer
 from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.learning import Schedulers
-from specgen.api.spec import checked_spec
-from specgen.core.stats import GenStats
 from specgen.text.codec import Detokenizer, TextCodec
 
 Prompt = str | list[dict[str, str]]  # text, or a chat conversation
@@ -273,8 +279,7 @@ class Pipeline:
     ) -> Iterator[Chunk]:
         """`ignore_eos`: stop tokens do not end the answer (vLLM's field; load testers ask
         for exactly `max_new_tokens`); the context filling up still does."""
-        if max_new_tokens < 1:
-            raise SpecgenError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+        checked_max_new_tokens(max_new_tokens)
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
         params = sampling or SamplingParams()

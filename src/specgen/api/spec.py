@@ -4,12 +4,13 @@ draft method it names, loaded with its checkpoints resolved (downloaded) first."
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from specgen.core.config import SpecConfig
-from specgen.drafting import Checkpoint, DraftMethod, method_of
-from specgen.methods import DRAFTERS, METHODS
 from specgen.core.errors import CheckpointError, SpecgenError
+from specgen.drafting import Checkpoint, DraftMethod, method_of
 from specgen.hub import Notify, resolve_drafter
+from specgen.methods import DRAFTERS, METHODS
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS
 
@@ -51,13 +52,14 @@ def _variant(spec: SpecConfig) -> SpecConfig:
     """A method given a checkpoint of one of its `variants` runs it as that variant (e.g.
     `--method dflash` with a DFlash 2 drafter runs dflash2, reported so)."""
     drafter_dir = resolve_drafter(spec.drafter)
+    resolved = replace(spec, resolved=((spec.drafter, str(drafter_dir)),))
     try:
         kind = method_of(drafter_dir)
     except SpecgenError:
-        return spec  # left to the method's loader, as `_check_kind` does
+        return resolved  # left to the method's loader, as `_check_kind` does
     if kind in DRAFTERS[spec.method].variants:
-        return replace(spec, method=kind, drafter=str(drafter_dir))
-    return spec
+        return replace(resolved, method=kind, drafter=str(drafter_dir))
+    return resolved
 
 
 def _sources(spec: SpecConfig) -> tuple[str, ...]:
@@ -71,7 +73,10 @@ def load_method(
     target: Transformer, spec: SpecConfig, target_name: str, notify: Notify | None = None
 ) -> DraftMethod:
     """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
-    checkpoints = [Checkpoint(resolve_drafter(s), s) for s in _sources(spec)]
+    found = dict(spec.resolved)
+    checkpoints = [
+        Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s) for s in _sources(spec)
+    ]
     if DRAFTERS[spec.method].drafters_needed == 1:
         _check_kind(spec.method, checkpoints[0])
     return DRAFTERS[spec.method].load(

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen.terminal import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
-from specgen.core.errors import SpecgenError
 from specgen.core.config import AR
+from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 if TYPE_CHECKING:
     from specgen.bench.endpoint import EndpointClient
@@ -212,8 +212,8 @@ def _endpoints(
     urls: list[str], models: list[str], names: list[str], api_key: str | None, quiet: bool
 ) -> dict[str, EndpointClient]:
     """Each --endpoint, probed (its models listed, a short warm-up answer), by its name."""
-    from specgen.bench.endpoint import EndpointClient, base_url, default_name
     from specgen.api.spec import METHODS
+    from specgen.bench.endpoint import EndpointClient, base_url, default_name
 
     if (models or names) and not urls:
         raise SpecgenError("--endpoint-model and --endpoint-name need an --endpoint URL")
@@ -250,10 +250,10 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     """The AR pipeline and one per method, all on one loaded target, with the same engine
     and CUDA-graph settings (`specgen.api.method_pipelines.load_methods`); hf: transformers'
     generate."""
-    from specgen.methods import DRAFTERS
     from specgen.api.method_pipelines import drafters_by_kind, load_methods
-    from specgen.registry import MODELS
     from specgen.api.spec import METHODS
+    from specgen.methods import DRAFTERS
+    from specgen.registry import MODELS
 
     by_kind = drafters_by_kind(drafters)
     if methods is None:

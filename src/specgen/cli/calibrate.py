@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import Run, run_options
 from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 from specgen.text.prompts import read_prompts
 
 
@@ -70,8 +70,8 @@ def calibrate(
     calibration.json into the drafter's directory (or --out), where generating with that
     drafter picks it up. Calibrate at the --temperature you generate with."""
     with user_errors(run.debug):
-        from specgen.methods.dspark.calibration import fit_temperatures, save_calibration
         from specgen.hub import resolve_drafter
+        from specgen.methods.dspark.calibration import fit_temperatures, save_calibration
 
         sampling = run.sampling()
         texts = [p.text for path in prompts for p in read_prompts(path)]

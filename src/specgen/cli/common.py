@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import typer
 
-from specgen.terminal import display
 from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 
 @contextmanager

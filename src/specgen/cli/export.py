@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import DebugOpt, ModelOpt, Run
+from specgen.terminal import display
 
 
 def export(

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen.terminal import display
+from specgen.api.pipeline import Completion
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, JsonOpt, Run, run_options
 from specgen.core.config import SamplingParams
 from specgen.core.errors import PromptError, SpecgenError
+from specgen.terminal import display
 from specgen.terminal.live import answer_view
-from specgen.api.pipeline import Completion
 from specgen.text.prompts import PromptLine, read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:

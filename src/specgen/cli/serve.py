@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen.terminal import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
 from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from specgen.terminal import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import DebugOpt, DequantizeOpt, DeviceOpt, ModelOpt, QuantizeOpt, Run
+from specgen.terminal import display
 from specgen.terminal.display import plural
 
 
@@ -110,17 +110,16 @@ def train(
         quiet_libraries()
         import torch
 
+        import specgen.methods  # noqa: F401  (registers every method's training hooks)
+        from specgen.api.loader import load_weights
         from specgen.core.device import resolve_device
         from specgen.core.errors import SpecgenError
-        from specgen.hub import resolve_model
-        from specgen.api.loader import load_weights
-        from specgen.models.loading import read_config
         from specgen.core.paths import specgen_home
+        from specgen.hub import resolve_model
+        from specgen.models.loading import read_config
+        from specgen.training.kind import training_of
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
-
-        import specgen.methods  # noqa: F401  (registers every method's training hooks)
-        from specgen.training.kind import training_of
 
         if not training_of(kind).warm_starts and init != "random":
             raise SpecgenError(f"--kind {kind} starts from random weights only (got --init {init})")
@@ -215,8 +214,8 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
     import torch
 
     from specgen.api.loader import load_weights
-    from specgen.text.prompts import read_prompts
     from specgen.text.codec import TextCodec
+    from specgen.text.prompts import read_prompts
     from specgen.training.generate import answer_prompts, generation_dtype
 
     texts = [p.text for path in prompts for p in read_prompts(path)]

@@ -279,6 +279,10 @@ class SpecConfig:
     trace: bool = False
     engine: str = "auto"
     cuda_graphs: bool = True
+    # (drafter as given, where it was found on disk) pairs: `api.spec.checked_spec` fills
+    # them, so a Hub drafter is resolved (downloaded) once; a drafter not among them is
+    # resolved when loaded
+    resolved: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.drafter, list | tuple):  # one drafter is a plain string

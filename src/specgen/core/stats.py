@@ -6,12 +6,12 @@ averaged over steps (Spec-Bench / vLLM / DFlash convention), so plain AR has τ 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgen.core.events import StepEvent
+from specgen.core import clock
 from specgen.core.config import AR
+from specgen.core.events import StepEvent
 
 
 @dataclass
@@ -38,7 +38,7 @@ class GenStats:
     # bench/modeled.py prices
     shapes: list[tuple[int, str | None, int, int, int]] = field(default_factory=list, repr=False)
     step_seconds: list[float] = field(default_factory=list, repr=False)  # each shape's, as run
-    _start: float = field(default_factory=time.perf_counter, repr=False)
+    _start: float = field(default_factory=lambda: clock.now(), repr=False)
 
     def record(self, event: StepEvent) -> None:
         """One step of the answer (the first is the prefill's)."""
@@ -69,7 +69,7 @@ class GenStats:
         confidence: tuple[float, ...] = (),
         drafter: str | None = None,
     ) -> None:
-        now = time.perf_counter() - self._start
+        now = clock.now() - self._start
         if self.ttft_seconds is None:
             self.ttft_seconds = now
         self.seconds = now

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from specgen.core.config import AR
 from specgen.core.draft import Draft, DraftOption
 from specgen.core.errors import CheckpointError
-from specgen.core.config import AR
 
 if TYPE_CHECKING:
     from specgen.core.config import SamplingParams, SpecConfig

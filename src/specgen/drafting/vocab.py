@@ -23,8 +23,8 @@ import torch
 from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.formats.packed_matrix import PackedMatrix
-from specgen.models.formats.weights import LinearWeight
 from specgen.models.formats.packed_weight import PackedWeight
+from specgen.models.formats.weights import LinearWeight
 
 FILE = "draft_vocab.json"
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from specgen.core.config import SamplingParams
-from specgen.engine.answer import Answer, reported
 from specgen.core.events import StepEvent
+from specgen.engine.answer import Answer, reported
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.verify.logprobs import logprobs_of

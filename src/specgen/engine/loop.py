@@ -25,9 +25,9 @@ import torch
 
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, empty_draft
+from specgen.core.events import StepEvent
 from specgen.drafting.base import Drafter
 from specgen.engine.answer import Answer, reported
-from specgen.core.events import StepEvent
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler

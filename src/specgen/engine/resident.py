@@ -31,10 +31,10 @@ import torch
 
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, empty_draft
+from specgen.core.events import StepEvent
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.answer import Answer, reported
 from specgen.engine.loop import draft_room, prefill
-from specgen.core.events import StepEvent
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from typing import cast
 
 from specgen.core.config import SamplingParams
+from specgen.core.events import StepEvent
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.overlap import overlapped
 from specgen.engine.resident import generate_resident
 from specgen.engine.session import Session
-from specgen.core.events import StepEvent
 
 
 def decode(

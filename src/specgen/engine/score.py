@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from specgen.engine.session import Session
 from specgen.core.events import TokenLogprob
+from specgen.engine.session import Session
 from specgen.models.cache.kv import ContextLimitError
 from specgen.verify.logprobs import row_logprobs
 

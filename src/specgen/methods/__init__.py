@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from specgen.drafting.base import DRAFTERS, DraftMethod
 from specgen.core.config import AR
 from specgen.core.errors import SpecgenError
+from specgen.drafting.base import DRAFTERS, DraftMethod
 
 for _package in pkgutil.iter_modules(__path__):  # alphabetical: the order --help lists
     importlib.import_module(f"{__name__}.{_package.name}")

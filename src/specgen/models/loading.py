@@ -126,8 +126,8 @@ def load_gguf_target(
     models/formats/packed_weight.py), with its config from `config_dir` (models/formats/gguf/convert.py); with
     `dequantize`, the same matrices dequantized to `dtype` (dense weights)."""
     from specgen.models.formats.gguf.index import GGUFIndex
-    from specgen.models.formats.weights import DenseWeight, replace_weights, storage_changed
     from specgen.models.formats.packed_weight import PackedWeight
+    from specgen.models.formats.weights import DenseWeight, replace_weights, storage_changed
 
     name = name or str(gguf_path)
     args = model_args(read_config(config_dir, name), name=name)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from specgen.scheduling.cost import CostTable, Shape, modeled
 from specgen.core.stats import GenStats
+from specgen.scheduling.cost import CostTable, Shape, modeled
 
 
 class ModeledSpeedup:

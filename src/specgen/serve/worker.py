@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from specgen.core.config import SamplingParams
 from specgen.core.errors import SpecgenError
+from specgen.core.stats import GenStats
 from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
 from specgen.serve.errors import APIError
@@ -31,7 +32,6 @@ from specgen.serve.log import Log
 from specgen.serve.logprobs import Entry, Pending, TokenNames, echoed
 from specgen.serve.metrics import Metrics
 from specgen.serve.stops import StopCut
-from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline

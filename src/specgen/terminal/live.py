@@ -25,10 +25,10 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from specgen.terminal.display import drafter_shares, plural
+from specgen.core.stats import GenStats
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.speedup import ModeledSpeedup
-from specgen.core.stats import GenStats
+from specgen.terminal.display import drafter_shares, plural
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Chunk, Pipeline

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from specgen.drafting.vocab import save_draft_vocab
-from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, build_target_layer_ids, load_dflash
+from specgen.models.drafters.dflash import (
+    DFlashArgs,
+    DFlashNet,
+    build_target_layer_ids,
+    load_dflash,
+)
 from specgen.models.transformer import Transformer
 from specgen.training.blocks import Blocks, block_forward, make_blocks
 from specgen.training.checkpoint import save_drafter, text_config

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass(frozen=True)
 class OfflineAcceptance:
     tau: float  # committed tokens per verify step, bonus included

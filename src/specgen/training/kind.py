@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.drafting.base import DRAFTERS
 from specgen.core.errors import SpecgenError
+from specgen.drafting.base import DRAFTERS
 
 if TYPE_CHECKING:
     from specgen.models.transformer import Transformer

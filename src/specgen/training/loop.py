@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specgen.core.errors import CheckpointError
 from specgen.drafting.base import method_of
 from specgen.models.transformer import Transformer
 from specgen.training.features import target_features
@@ -27,7 +28,6 @@ from specgen.training.kind import DrafterTraining, training_of
 from specgen.training.state import FILE as STATE_FILE
 from specgen.training.state import load_state, save_state
 from specgen.training.trainer import Prepared, Sequence, Vocab, read_layers
-from specgen.core.errors import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ class DFlashDrafter(BlockDrafter):
         super().__init__(method, capacity, method.net)
         self.vocab = method.vocab
 
-    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
-        """The draft step with fixed shapes (see drafting/static_draft.py)."""
+    def build_step(self, key: object, capture: bool) -> StaticBlockDraft:
+        """The draft step with fixed shapes (see drafting/static_draft.py); greedy only."""
 
         def finish(hidden: torch.Tensor, anchor: torch.Tensor) -> Draft:
             return self._draft(hidden[:, 1:])

@@ -28,7 +28,7 @@ from specgen.drafting.block import BlockDrafter, BlockMethod
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.methods.dflash2.export import EXPORT
 from specgen.methods.dflash2.network import ARCHITECTURE, DFlash2Net, load_dflash2
-from specgen.models.graphs import graphs_failed
+from specgen.models.graphs import GREEDY
 
 if TYPE_CHECKING:
     from specgen.models.transformer import Transformer
@@ -61,14 +61,18 @@ class DFlash2Drafter(BlockDrafter):
     options = (DraftOption(),)  # one kind of draft, its length settled before drafting
 
     def __init__(self, method: DFlash2Method, capacity: int) -> None:
-        # sampled draft steps, one per temperature, with their noise buffers
-        self._sampled_steps: dict[float, tuple[StaticBlockDraft, torch.Tensor]] = {}
+        # each sampled step's races, by temperature: allocated once, refilled before each
+        # draft (a graph reads them where they are)
+        self._races: dict[float, torch.Tensor] = {}
         super().__init__(method, capacity, method.net)
         self.vocab = method.vocab
 
-    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
-        """The greedy draft step with fixed shapes: block, head, chain walk."""
-        return self._step(None, None, capture)
+    def build_step(self, key: object, capture: bool) -> StaticBlockDraft:
+        """A draft step with fixed shapes: block, head, chain walk; greedy, or sampled at
+        the temperature `key` (its races in `_races[key]`)."""
+        if key == GREEDY:
+            return self._step(None, None, capture)
+        return self._step(key, self._races[key], capture)  # type: ignore[arg-type,index]
 
     def _step(
         self, temperature: float | None, noise: torch.Tensor | None, capture: bool
@@ -113,19 +117,10 @@ class DFlash2Drafter(BlockDrafter):
         """A sampled draft from the fixed-shape step of this temperature, its races drawn
         into the step's input buffer first (a CUDA graph with graphs on, else eager)."""
         key = params.temperature
-        if key not in self._sampled_steps:
-            buffer = self._race_buffer()
-            capture = self.method.cuda_graphs and self.static is not None
-            self._sampled_steps[key] = (self._step(key, buffer, capture), buffer)
-        step, buffer = self._sampled_steps[key]
-        buffer.exponential_(generator=generator)
-        try:
-            return step(anchor, start, k)
-        except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
-            graphs_failed(e)
-            self.static = None
-            self._sampled_steps[key] = (self._step(key, buffer, False), buffer)
-            return self._sampled_steps[key][0](anchor, start, k)
+        if key not in self._races:
+            self._races[key] = self._race_buffer()
+        self._races[key].exponential_(generator=generator)
+        return self.steps(key, anchor, start, k)
 
     @torch.inference_mode()
     def propose(
@@ -144,7 +139,7 @@ class DFlash2Drafter(BlockDrafter):
             draft = self._graphed(anchor, cache.length, k)
             if draft is not None:
                 return draft
-        elif self.static is not None:  # graphs on: the sampled step is one too
+        elif self.steps.on:  # graphs on: the sampled step is one too
             return self._sampled(anchor, cache.length, k, params, generator)
         hidden = self.net.block_hidden(cache, self._block(anchor))[:, 1 : k + 1]
         start = torch.tensor([anchor], device=self.target.device)

@@ -27,11 +27,11 @@ from specgen.core.config import ModelArgs
 from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.models.cache.kv import StaticKVCache
+from specgen.models.formats.weights import DenseWeight, new_weight
 from specgen.models.layers.blocks import swiglu
 from specgen.models.layers.decoder import DecoderLayer
-from specgen.models.cache.kv import StaticKVCache
 from specgen.models.plans import Row
-from specgen.models.formats.weights import DenseWeight, new_weight
 
 
 class DynamicConv(nn.Module):

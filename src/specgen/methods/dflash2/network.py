@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.core.errors import CheckpointError
-from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, check_pair
 from specgen.methods.dflash2.layer import ConvDecoderLayer
+from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, check_pair
+from specgen.models.formats.weights import DenseWeight, new_weight
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
 from specgen.models.transformer import Transformer
-from specgen.models.formats.weights import DenseWeight, new_weight
 
 ARCHITECTURE = "DFlash2DraftModel"
 FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")

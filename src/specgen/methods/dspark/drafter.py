@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specgen.core.config import SamplingParams
-from specgen.core.errors import SpecgenError
 from specgen.core.draft import Draft, DraftOption, empty_draft
+from specgen.core.errors import SpecgenError
 from specgen.drafting.base import Checkpoint, register
 from specgen.drafting.block import BlockDrafter, BlockMethod
-from specgen.methods.dspark.export import EXPORT
-from specgen.methods.dspark.calibration import Calibration, load_calibration
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab
 from specgen.kernels import backend
+from specgen.methods.dspark.calibration import Calibration, load_calibration
+from specgen.methods.dspark.export import EXPORT
 from specgen.methods.dspark.network import DSparkNet, load_dspark
 from specgen.methods.dspark.training import DSparkTraining
-from specgen.models.graphs import graphs_failed
+from specgen.models.graphs import GREEDY
 from specgen.verify.sampling import probabilities
 
 if TYPE_CHECKING:
@@ -203,14 +203,20 @@ class DSparkDrafter(BlockDrafter):
         # and the confidences then trim the draft (a checkpoint without a confidence head
         # has its length settled before drafting, as DFlash)
         self.options = (DraftOption(confidences=bool(method.net.args.confidence)),)
-        # sampled draft steps, one per (temperature, top-k, top-p), with their noise buffers
-        self._sampled_steps: dict[tuple, tuple[StaticBlockDraft, torch.Tensor]] = {}
+        # each sampled step's races and the params it was built with, by (temperature,
+        # top-k, top-p): allocated once, refilled before each draft (a graph reads them
+        # where they are)
+        self._races: dict[tuple, tuple[torch.Tensor, SamplingParams]] = {}
         super().__init__(method, capacity, method.net.backbone)
 
-    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
-        """The greedy draft step with fixed shapes (see drafting/static_draft.py): the
-        backbone, the head over the draft slots and the Markov draw, all on the device."""
-        return self._step(SamplingParams(), None, capture)
+    def build_step(self, key: object, capture: bool) -> StaticBlockDraft:
+        """A draft step with fixed shapes (see drafting/static_draft.py): the backbone, the
+        head over the draft slots and the Markov draw, all on the device; greedy, or
+        sampled with the filters `key` names (its races in `_races[key]`)."""
+        if key == GREEDY:
+            return self._step(SamplingParams(), None, capture)
+        races, params = self._races[key]  # type: ignore[index]
+        return self._step(params, races, capture)
 
     def _step(
         self, params: SamplingParams, noise: torch.Tensor | None, capture: bool
@@ -261,19 +267,10 @@ class DSparkDrafter(BlockDrafter):
         races drawn into its input buffer first: a CUDA graph with graphs on (one per
         filter setting), else the same step eagerly."""
         key = (params.temperature, params.top_k, params.top_p)
-        if key not in self._sampled_steps:
-            buffer = self._race_buffer()  # allocated once; every call refills it below
-            capture = self.method.cuda_graphs and self.static is not None
-            self._sampled_steps[key] = (self._step(params, buffer, capture), buffer)
-        step, buffer = self._sampled_steps[key]
-        buffer.exponential_(generator=generator)  # the races `_noise` would draw
-        try:
-            return step(anchor, start, k)
-        except RuntimeError as e:  # a capture this setup cannot do: draft eagerly
-            graphs_failed(e)
-            self.static = None
-            self._sampled_steps[key] = (self._step(params, buffer, False), buffer)
-            return self._sampled_steps[key][0](anchor, start, k)
+        if key not in self._races:
+            self._races[key] = (self._race_buffer(), params)
+        self._races[key][0].exponential_(generator=generator)  # the races `_noise` would draw
+        return self.steps(key, anchor, start, k)
 
     @torch.inference_mode()
     def propose(
@@ -292,7 +289,7 @@ class DSparkDrafter(BlockDrafter):
             draft = self._graphed(anchor, cache.length, k)
             if draft is not None:
                 return draft
-        elif self.static is not None:  # graphs on: the sampled step is one too
+        elif self.steps.on:  # graphs on: the sampled step is one too
             return self._sampled(anchor, cache.length, k, params, generator)
         hidden = self.backbone.block_hidden(cache, self._block(anchor))
         return self._draw(hidden, anchor, k, params, None if greedy else self._noise(generator))

@@ -40,10 +40,10 @@ from torch import nn
 from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.models.drafters.dflash import DFlashArgs, DFlashNet, check_pair
+from specgen.models.formats.weights import new_weight
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
 from specgen.models.transformer import Transformer
-from specgen.models.formats.weights import new_weight
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # the target's own tensors, duplicated

@@ -31,8 +31,8 @@ import torch
 
 from specgen.core.config import ModelArgs
 from specgen.core.errors import CheckpointError
-from specgen.models.families import model_args
 from specgen.models.drafters.gemma4 import GemmaDraftArgs, gemma_layers_from_hf
+from specgen.models.families import model_args
 
 DEFAULT_CHAIN = 7  # draft tokens per step when the checkpoint names none (EAGLE's depth)
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator")

@@ -35,19 +35,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.core.draft import Draft, DraftOption, empty_draft
-from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
-from specgen.methods.eagle3.export import EXPORT
-from specgen.methods.eagle3.chain import ChainSteps, pick
 from specgen.core.errors import SpecgenError
+from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
+from specgen.methods.eagle3.chain import ChainSteps, pick
+from specgen.methods.eagle3.config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
+from specgen.methods.eagle3.export import EXPORT
 from specgen.methods.eagle3.network import Eagle3Net, load_eagle3
 from specgen.methods.eagle3.training import Eagle3Training
-from specgen.methods.eagle3.config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
-from specgen.models.graphs import graphs_failed
+from specgen.models.graphs import StepGraphs
 
 if TYPE_CHECKING:
     from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
+
+CHAINS = "chains"  # the one key of its fixed-shape steps (ChainSteps keys its own)
 
 @register("eagle3")
 class Eagle3Method(DraftMethod):
@@ -120,12 +122,12 @@ class Eagle3Drafter(ResidentDrafter):
         # a sampled chain's races, every draft position's, refilled before each draft
         self._noise = torch.empty(self.max_draft_tokens, self.net.args.draft_vocab, device=device)
         # the fixed-shape chains as CUDA graphs (graphs on); else run as they are, by the
-        # device-resident loop (`_eager_steps`)
-        self.static = self.static_steps(capture=True) if method.cuda_graphs else None
-        self._eager_steps: ChainSteps | None = None
+        # device-resident loop
+        self.steps = StepGraphs(self.build_step, on=method.cuda_graphs)
 
-    def static_steps(self, *, capture: bool) -> ChainSteps:
-        """The fixed-shape chains (methods/eagle3/chain.py)."""
+    def build_step(self, key: object, capture: bool) -> ChainSteps:
+        """The fixed-shape chains (methods/eagle3/chain.py): one object keeps a chain per
+        length and sampling setting, so there is one key."""
         return ChainSteps(self.net, self.target, self.cache, self.fused, self._noise, capture)
 
     def tensors(self) -> list[torch.Tensor]:
@@ -167,7 +169,7 @@ class Eagle3Drafter(ResidentDrafter):
         if k <= 0 or self.length == 0:
             return empty_draft(self.target.device)
         sampling = self._sampling(params, generator)
-        if self.static is not None:  # graphs on: the waiting entries, then the chain's graph
+        if self.steps.on:  # graphs on: the waiting entries, then the chain's graph
             self._settle()
             return self._fixed(anchor, self.length, k, sampling)
         net, target, cache, n = self.net, self.target, self.cache, self.length
@@ -204,15 +206,7 @@ class Eagle3Drafter(ResidentDrafter):
     ) -> Draft:
         """The chain from the fixed-shape step: a graph replay with graphs on (eager from
         the first failed capture on, with the same output), else run as it is."""
-        if self.static is not None:
-            try:
-                return self.static(anchor, start, k, sampling)
-            except RuntimeError as e:  # a capture this setup cannot do
-                self.static = None
-                graphs_failed(e)
-        if self._eager_steps is None:
-            self._eager_steps = self.static_steps(capture=False)
-        return self._eager_steps(anchor, start, k, sampling)
+        return self.steps(CHAINS, anchor, start, k, sampling)
 
     # The device-resident loop (engine/resident.py): lengths and the anchor on the device.
 

@@ -37,17 +37,17 @@ from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
+from specgen.methods.eagle3.config import Eagle3Args, check_pair
+from specgen.models.cache.kv import StaticKVCache
+from specgen.models.drafters.gemma4 import draft_layer_shape
+from specgen.models.formats.weights import DenseWeight, LinearWeight, new_weight
 from specgen.models.layers.blocks import norm_weight
 from specgen.models.layers.decoder import DecoderLayer
-from specgen.methods.eagle3.config import Eagle3Args, check_pair
-from specgen.models.drafters.gemma4 import draft_layer_shape
 from specgen.models.layers.gemma4 import GemmaLayer
-from specgen.models.cache.kv import StaticKVCache
+from specgen.models.layers.rope import rope_tables
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
-from specgen.models.layers.rope import rope_tables
 from specgen.models.transformer import Transformer, attention_mask, device_positions
-from specgen.models.formats.weights import DenseWeight, LinearWeight, new_weight
 
 # (layer, q, k, v, score scale) -> the attention output [1, nq, T, d], keys written first
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]

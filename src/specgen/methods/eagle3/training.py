@@ -29,8 +29,8 @@ from safetensors.torch import save_file
 
 from specgen.kernels.qk_rope import apply_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.methods.eagle3.network import Eagle3Net
 from specgen.methods.eagle3.config import Eagle3Args, entering_default
+from specgen.methods.eagle3.network import Eagle3Net
 from specgen.models.layers.rope import rope_tables
 from specgen.models.transformer import Transformer
 from specgen.training.checkpoint import text_config

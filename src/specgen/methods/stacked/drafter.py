@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from specgen.core.draft import Draft, DraftOption
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.drafting.base import (
     DRAFTERS,
     Checkpoint,
@@ -36,7 +37,6 @@ from specgen.drafting.base import (
     method_of,
     register,
 )
-from specgen.core.errors import CheckpointError, SpecgenError
 
 if TYPE_CHECKING:
     from specgen.core.config import SamplingParams, SpecConfig

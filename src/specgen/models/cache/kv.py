@@ -91,6 +91,13 @@ class StaticKVCache:
         slot = self.slot(layer)
         return self.k[slot][:, :, : self._written], self.v[slot][:, :, : self._written]
 
+    def begin(self, tokens: int, *, prefill: bool, pad: torch.Tensor | None = None) -> None:
+        """Before an eager forward of `tokens` tokens: nothing for attention alone (a cache
+        that keeps recurrent state sets up where its layers read and write)."""
+
+    def begin_static(self, positions: torch.Tensor) -> None:  # [T] int64 on the device
+        """`begin` for a graph-capturable step whose position lives on the device."""
+
     def stepped(self) -> None:
         """After each static (graph-capturable) step, outside any graph: nothing to do
         here (a hybrid cache moves its recurrent state on)."""

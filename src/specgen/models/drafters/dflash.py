@@ -36,21 +36,21 @@ from specgen.core.config import ModelArgs
 from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.layers.decoder import DecoderLayer
-from specgen.models.families import model_args
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.drafters.gemma4 import (
     GemmaDraftArgs,
     draft_layer_shape,
     gemma_layers_from_hf,
     is_gemma_draft,
 )
+from specgen.models.families import model_args
+from specgen.models.formats.weights import new_weight
+from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.layers.gemma4 import GemmaLayer
-from specgen.models.cache.kv import StaticKVCache
+from specgen.models.layers.rope import rope_tables
 from specgen.models.loading import SafetensorsIndex, fill, read_config
 from specgen.models.plans import Plan, Row
-from specgen.models.layers.rope import rope_tables
 from specgen.models.transformer import Transformer, device_positions
-from specgen.models.formats.weights import new_weight
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

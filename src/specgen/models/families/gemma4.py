@@ -22,10 +22,19 @@ import torch
 
 from specgen.core.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
 from specgen.core.errors import CheckpointError
-from specgen.models.families.common import config_errors, token_ids
+from specgen.models.cache.kv import StaticKVCache
+from specgen.models.family_config import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
 from specgen.models.layers.gemma4 import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
-from specgen.models.cache.kv import StaticKVCache
+
+# a Gemma 4 target's fields a drafter of Qwen3 layers must not inherit
+DRAFTER_DROPS = frozenset((
+    "attention_k_eq_v", "audio_config", "enable_moe_block", "global_head_dim",
+    "hidden_activation", "hidden_size_per_layer_input", "moe_intermediate_size", "num_experts",
+    "num_global_key_value_heads", "num_kv_shared_layers", "per_layer_config", "sliding_window",
+    "top_k_experts", "use_bidirectional_attention", "use_double_wide_mlp",
+    "vocab_size_per_layer_input",
+))  # fmt: skip
 
 
 class Gemma4(MultimodalText):
@@ -38,6 +47,21 @@ class Gemma4(MultimodalText):
 
     def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs:
         return parse_gemma4(cfg, name)
+
+    def drafter_config(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """Without the Gemma layers' own fields; of its RoPE per layer type, the global
+        layers' theta. The drafter embeds its block as the target does
+        (`input_embedding_scale` sqrt(hidden), z-lab's field) and keeps the final logit
+        softcapping, so it drafts as it was trained (through `Transformer.embed_tokens`)."""
+        flat = {k: v for k, v in flat.items() if k not in DRAFTER_DROPS}
+        flat["input_embedding_scale"] = (
+            float(flat.get("hidden_size", GEMMA4_DEFAULTS["hidden_size"])) ** 0.5
+        )
+        params = flat.get("rope_parameters")
+        per_type = params if isinstance(params, dict) else {}
+        full = per_type.get("full_attention") or {"rope_theta": 1e6}
+        flat["rope_parameters"] = {"rope_type": "default", "rope_theta": full.get("rope_theta", 1e6)}
+        return flat
 
     def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):
         return GemmaLayer(layer_shape(args, index), dtype, device)

@@ -18,11 +18,11 @@ from torch import nn
 
 from specgen.core.config import FULL, LINEAR, HybridArgs, ModelArgs
 from specgen.core.errors import CheckpointError
-from specgen.models.layers.decoder import DecoderLayer
-from specgen.models.families.common import attention_args, config_errors, token_ids
-from specgen.models.family import MultimodalText, register
-from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
 from specgen.models.cache.hybrid import HybridCache
+from specgen.models.family_config import attention_args, config_errors, token_ids
+from specgen.models.family import MultimodalText, register
+from specgen.models.layers.decoder import DecoderLayer
+from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
 
 
 class Qwen3_5(MultimodalText):

@@ -18,7 +18,12 @@ from torch import nn
 
 from specgen.kernels.packed import packed_linear
 from specgen.models.formats.packed_matrix import PackedMatrix, quantize
-from specgen.models.formats.weights import DenseWeight, LinearWeight, register_format, storage_changed
+from specgen.models.formats.weights import (
+    DenseWeight,
+    LinearWeight,
+    register_format,
+    storage_changed,
+)
 
 Segment = PackedMatrix | torch.Tensor  # a dense segment is a plain [rows, in] tensor
 

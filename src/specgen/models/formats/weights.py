@@ -18,7 +18,6 @@ from torch import nn
 
 from specgen.kernels.linear import linear
 
-
 _generation = [0]
 
 

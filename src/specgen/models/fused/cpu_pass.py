@@ -4,14 +4,15 @@
 weights, norms and biases as pointers into the model's own tensors; nothing is copied) and
 then runs decode steps, verify blocks and prefills as one call each: the same layer as
 models/layers/decoder.py, with packed.c's batch-invariant products. A model it cannot run
-(another family, dense or bf16 weights, a GPU, a hybrid or shared cache, padded batches)
-goes through the eager layers as before; `SPECGEN_CPU_PASS=eager` forces that path (the
-oracle in tests, the baseline in benchmarks).
+(a family that does not declare `fused_cpu`, an option outside `OPTIONS`, dense or bf16
+weights, a GPU, a hybrid or shared cache, padded batches) goes through the eager layers;
+`SPECGEN_CPU_PASS=eager` forces that path (the oracle in tests, the baseline in benchmarks).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import time
@@ -20,12 +21,13 @@ import torch
 
 from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
 from specgen.kernels.packed import DIRECT_ROWS
-from specgen.models.formats import weights as weights_module
-from specgen.models.layers.decoder import DecoderLayer
-from specgen.models.fused.threads import ThreadTuner
 from specgen.models.cache.kv import StaticKVCache
+from specgen.models.family import family_of
+from specgen.models.formats import weights as weights_module
 from specgen.models.formats.packed_matrix import PackedMatrix
 from specgen.models.formats.packed_weight import PackedWeight
+from specgen.models.fused.threads import ThreadTuner
+from specgen.models.layers.decoder import DecoderLayer
 
 MAX_HEAD_DIM = 512  # decoder.c's per-query accumulator
 # below this many multiply-adds per phase (a layer has six, between barriers) one thread
@@ -191,22 +193,63 @@ def cache_fits(model, cache, batch: int, pad) -> bool:
     )
 
 
+def _any(value, args) -> bool:
+    return True
+
+
+# Every option of a target's ModelArgs, and the values the pass computes: an allow-list,
+# so an option added later (or a family's) keeps a model off the pass until it is
+# written here and into decoder.c (tests/test_fused_cpu.py checks every field is named).
+OPTIONS = {
+    "family": _any,  # the family itself says whether its layer is the pass's (fused_cpu)
+    "vocab_size": _any,
+    "hidden_size": _any,
+    "intermediate_size": _any,
+    "num_layers": _any,
+    "num_heads": lambda v, a: v % a.num_kv_heads == 0,
+    "num_kv_heads": _any,
+    "head_dim": lambda v, a: v % 2 == 0 and v <= MAX_HEAD_DIM,
+    "rms_norm_eps": _any,
+    "max_positions": _any,
+    "rope": _any,  # the pass reads the model's own cos/sin tables
+    "tie_word_embeddings": _any,
+    "qkv_bias": _any,
+    "o_bias": _any,
+    "mlp_bias": _any,
+    "qk_norm": _any,
+    "eos_token_ids": _any,
+    "bos_token_id": _any,
+    "hybrid": lambda v, a: v is None,
+    "attn_output_gate": lambda v, a: not v,
+    "rotary_dim": lambda v, a: v is None or v == a.head_dim,
+    "norm_offset": lambda v, a: not v,  # decoder.c scales by w, not 1 + w
+    "fp32_norms": _any,  # an fp32 model's norms are fp32 anyway
+    "gemma": lambda v, a: v is None,
+    "embed_scale": lambda v, a: v is None,
+    "logit_softcap": lambda v, a: v is None,
+}
+
+
+def options_runnable(args) -> bool:
+    """Whether the pass computes a model with these options: each one named in `OPTIONS`
+    with a value it allows, and the family's layer the pass's."""
+    return family_of(args).fused_cpu and all(
+        f.name in OPTIONS and OPTIONS[f.name](getattr(args, f.name), args)
+        for f in dataclasses.fields(args)
+    )
+
+
 def runnable(model) -> bool:
-    """A Llama-shaped fp32 CPU target whose every matrix is packed (or fp32 rows)."""
+    """A fp32 CPU target of a family and options the pass computes, whose every matrix is
+    packed (or fp32 rows)."""
     a = model.args
     if (
-        decoder_forward() is None
+        not options_runnable(a)
+        or decoder_forward() is None
         or model.dtype != torch.float32
         or model.device.type != "cpu"
         or len(model._tables) != 1
         or any(w is not None for w in model.windows)
-        or model._embed_scale is not None
-        or a.logit_softcap is not None
-        or a.attn_output_gate
-        or a.rope_dim != a.head_dim
-        or a.head_dim % 2
-        or a.head_dim > MAX_HEAD_DIM
-        or a.num_heads % a.num_kv_heads
         or not _packed(model.lm_head)
     ):
         return False

@@ -8,8 +8,8 @@ from torch import nn
 
 from specgen.core.config import ModelArgs
 from specgen.kernels.rmsnorm import add_rms_norm
-from specgen.models.plans import Row
 from specgen.models.formats.weights import DenseWeight, new_weight
+from specgen.models.plans import Row
 
 
 def norm_weight(args: ModelArgs, dtype: torch.dtype, device: torch.device):

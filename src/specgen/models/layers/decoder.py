@@ -19,10 +19,10 @@ from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
 from specgen.models.cache.kv import StaticKVCache
-from specgen.models.plans import Row
 from specgen.models.formats.weights import DenseWeight, new_weight
+from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
+from specgen.models.plans import Row
 
 
 class DecoderLayer(nn.Module):

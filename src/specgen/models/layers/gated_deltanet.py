@@ -26,10 +26,10 @@ from torch import nn
 from specgen.core.config import ModelArgs
 from specgen.kernels.gated_delta import gated_delta_chunked, gated_delta_replay, replay_tape
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
 from specgen.models.cache.hybrid import HybridCache, LinearStep
-from specgen.models.plans import Row
 from specgen.models.formats.weights import DenseWeight, new_weight
+from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
+from specgen.models.plans import Row
 
 L2_EPS = 1e-6  # transformers' (and fla's) l2norm epsilon
 

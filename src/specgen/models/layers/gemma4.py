@@ -33,8 +33,8 @@ from specgen.kernels.block_attention import block_attention
 from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
 from specgen.kernels.rmsnorm import add_rms_norm, rms_norm
 from specgen.models.cache.kv import StaticKVCache
-from specgen.models.plans import Row
 from specgen.models.formats.weights import DenseWeight, new_weight
+from specgen.models.plans import Row
 
 GELU = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_activation -> F.gelu's form
 

@@ -118,3 +118,66 @@ def streamed(events) -> Streamed:
         if choice.finish_reason is not None:
             out.finish, out.final = choice.finish_reason, chunk
     return out
+
+
+FIELDS = {
+    "model": ["m", "", None, 3, "other"],
+    "max_tokens": [1, 4, 0, -1, 2**70, "8", 2.5, None, True],
+    "max_completion_tokens": [2, 0, None, []],
+    "temperature": [0, 0.7, 2, 3, -1, "hot", None, float("1e308"), 1e-300, 1e-4, 5e-324],
+    "top_p": [1, 0.5, 0, 2, None, {}, 1e-300],
+    "top_k": [0, -1, 5, -2, "x", 10**12, 2**63 - 1, 1],
+    "seed": [0, 7, -1, 2**64, 2**70, None, 1.5, 2**64 - 1, -(2**63)],
+    "ignore_eos": [True, False, "x"],
+    "stop": ["\n", ["a", "b"], [1], ["x"] * 20, "", None, {"a": 1}],
+    "stream": [True, False, None, "yes", 1],
+    "stream_options": [{"include_usage": True}, {"include_usage": 1}, [], None],
+    "n": [1, 2, None, True],
+    "logprobs": [False, True, None, 3, 0, 5, 6, 20, -1],
+    "top_logprobs": [0, 3, 20, 21, -1, "x", None],
+    "echo": [True, False, "x", None],
+    "presence_penalty": [0, 1.5, -2, 3, "x", None, float("nan")],
+    "frequency_penalty": [0, -1.0, 2, 2.01, None, []],
+    "repetition_penalty": [1, 1.2, 0, 0.01, 100, 1e9, None],
+    "user": ["u", 5],
+    "specgen": [{"method": "ar"}, {"method": "eagle"}, {"x": 1}, "ar", None],
+    "chat_template_kwargs": [{"enable_thinking": True}, {"enable_thinking": "no"}, 3],
+    "tools": [
+        None,
+        [],
+        [{"type": "function", "function": {"name": "f"}}],
+        "x",
+        [1],
+        [
+            {
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                }
+            },
+            {"function": {"name": "g"}},
+        ],
+        [{"function": {"name": "f", "parameters": [1]}}],
+    ],
+    "tool_choice": [
+        "auto",
+        "none",
+        "required",
+        {"type": "function"},
+        3,
+        {"type": "function", "function": {"name": "f"}},
+        {"type": "function", "function": {"name": "nope"}},
+    ],
+    "parallel_tool_calls": [True, False, "x"],
+}
+
+
+# the model's scripted answers on the tool templates: calls, broken calls, plain text
+TOOL_ANSWERS = {
+    "qwen3": ['<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+              "<tool_call>\n{broken\n</tool_call>", "plain", '<tool_call>\n{"name": "f"',
+              '{"a": 1}}\n</tool_call>', '{"name": "f", "arguments": {"a": 2}}\n</tool_call>'],
+    "gemma4": ['<|tool_call>call:f{a:1}<tool_call|>', '<|tool_call>call:f{a:[<|"|>x',
+               "plain <|tool_call>", "<|tool_call>call:g{}<tool_call|>", "a:3}<tool_call|>",
+               "f{a:4}<tool_call|>"],
+}  # fmt: skip

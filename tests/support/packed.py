@@ -1,5 +1,5 @@
 """GGUF blocks and tiny GGUF targets for the packed-weight tests, written with the `gguf`
-package in the layout llama.cpp's converter writes (llamacpp_convert.py: tensor names from
+package in the layout llama.cpp's converter writes (support/llamacpp_convert.py: tensor names from
 gguf's own name map, and each architecture's transforms)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from llamacpp_convert import (
+from safetensors.torch import load_file, save_file
+
+from support.llamacpp_convert import (
     ARCH,
     Converter,
     file_kind,
@@ -19,7 +21,6 @@ from llamacpp_convert import (
     write_metadata,
     write_vocab,
 )
-from safetensors.torch import load_file, save_file
 
 QUANTIZERS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize has these
 ALL_KINDS = (*QUANTIZERS, "Q4_K", "Q5_K", "Q6_K")
@@ -110,3 +111,24 @@ def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int
             (dense / f.name).write_bytes(f.read_bytes())
     save_file(oracle, str(dense / "model.safetensors"))
     return dense
+
+
+FAMILY_MIXES = {  # as llama.cpp files mix formats (a Q4_K_M keeps ffn_down and attn_v in Q6_K)
+    "q8_0": {"": "Q8_0"},
+    "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},
+    "q5": {"ssm_out": "Q5_0", "attn_k": "Q5_0", "": "Q5_1"},
+    "q4_k_m": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_qkv": "Q6_K", "attn_q": "Q5_K",
+               "": "Q4_K"},
+    # the same with Q8_0 where a row is not whole 256-blocks (transformers has no Q5_0)
+    "q4_k": {"attn_output": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_q": "Q5_K",
+             "": "Q4_K"},
+}  # fmt: skip
+
+
+LLAMA_MIXES = {  # how llama.cpp files mix formats: a Q4_K_M keeps attn_v and ffn_down in Q6_K
+    "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},
+    "q4_0": {"": "Q4_0"},
+    "q8_0": {"": "Q8_0"},
+    "q5": {"attn_k": "Q5_0", "": "Q5_1"},
+    "q4_k_m": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_q": "Q5_K", "": "Q4_K"},
+}

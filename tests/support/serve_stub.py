@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 from fastapi.testclient import TestClient
 
-from conftest import tiny_tokenizer
-from specgen.core.events import TokenLogprob
 from specgen.api.pipeline import Chunk
+from specgen.core.events import TokenLogprob
+from specgen.core.stats import GenStats
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
-from specgen.core.stats import GenStats
 from specgen.text.codec import TextCodec
+from support.targets import tiny_tokenizer
 
 
 class StubPipe:

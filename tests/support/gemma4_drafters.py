@@ -22,7 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
+from support.drafters import save_tiny_dflash
+from support.targets import FIXTURES, TINY_VOCAB
 
 DSPARK_12B = "dspark-gemma4-12b-block7.config.json"
 DFLASH_12B = "dflash-gemma4-12b-block7.config.json"

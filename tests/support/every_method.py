@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
 
-from specgen.core.config import SpecConfig
 from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from support.eagle3 import save_eagle3
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_VOCAB, save_tiny
+from support.targets import TINY_VOCAB, save_tiny
 
 H, HEADS, KV, D, INTER = 64, 4, 2, 16, 128
 TARGET_LAYERS = 8
@@ -204,3 +204,29 @@ def save_eagle3(
     floats = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
     save_file(floats, path / "model.safetensors")
     return path
+
+
+# (layout, save_eagle3 arguments): every layout, and the options each one's configs carry
+VARIANTS = {
+    "specforge": ("specforge", {}),
+    "specforge-explicit-taps": ("specforge", {"taps": [1, 4, 6]}),
+    "specforge-fc-norm-raw-logits": (
+        "specforge",
+        {"options": {"fc_norm": True, "norm_output": False}},
+    ),
+    "speculators": ("speculators", {}),
+    "speculators-qwen3-2-layers": (
+        "speculators",
+        {
+            "layers": 2,
+            "taps": [2, 5, 7],
+            "options": {"model_type": "qwen3", "norm_before_residual": True},
+        },
+    ),
+    "speculators-eagle3.1": (
+        "speculators",
+        {"options": {"norm_output": True, "norm_before_fc": True}},
+    ),
+    "deepspec": ("deepspec", {}),
+    "deepspec-2-layers": ("deepspec", {"layers": 2, "taps": [0, 2, 3, 5, 6]}),
+}

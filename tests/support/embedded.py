@@ -1,0 +1,13 @@
+"""Questions from the repository's Spec-Bench sample, for runs on the embedded default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
+
+
+def spec_bench_questions(ids):
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    return [r["turns"][0] for r in rows if r["question_id"] in ids]

@@ -153,13 +153,18 @@ def tiny_dspark(tmp_path_factory) -> Path:
     return save_tiny_dspark(tmp_path_factory.mktemp("tiny-dspark") / "d")
 
 
+# The tiers (pyproject.toml): a test marked none of these is `quick`
+TIERS = ("integration", "statistical", "slow", "gpu")
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests need CUDA; elsewhere they are skipped, saying why."""
-    if torch.cuda.is_available():
-        return
+    """Every test without a tier marker is `quick` (`pytest -m quick`); `gpu`-marked tests
+    need CUDA and elsewhere are skipped, saying why."""
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (scripts/gpu_check.sh runs these)")
     for item in items:
-        if "gpu" in item.keywords:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.quick)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
 
 

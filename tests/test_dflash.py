@@ -179,6 +179,7 @@ def test_no_known_drafter_for_a_plain_path(tiny_qwen3_deep):
         Pipeline.load(str(tiny_qwen3_deep), device="cpu", spec=SpecConfig(method="dflash"))
 
 
+@pytest.mark.statistical
 def test_sampling_through_dflash_has_the_target_distribution(pipes, target):
     """The second generated token's empirical distribution converges to the exact one."""
     from support.statistics import second_token_tv

@@ -119,6 +119,7 @@ def test_a_draft_vocabulary_limits_the_candidates(pipes, tiny_dflash2, tmp_path)
     assert drafted and set(drafted) <= set(allowed)
 
 
+@pytest.mark.statistical
 def test_the_sampled_walk_draws_from_the_q_it_reports(pipes, target):
     """Many walks over the same block: the first slot's draws follow q's first row (only
     the candidates have mass), and the reported q sums to 1 on the candidates."""
@@ -151,7 +152,7 @@ def exact_token_distribution(target, prompt, params, position):
         paths = [paths[i] + [t] for i, t in nz.tolist()]
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_dflash2_has_the_target_distribution(pipes, target):
     """The 3rd answer token, after a step that verified a sampled chain whose second
     proposal depends on the sampled first: chi-square against the exact distribution."""

@@ -246,7 +246,7 @@ def test_a_dspark_drafter_for_another_target_is_refused(tiny_qwen3_deep, tmp_pat
         _dspark(tiny_qwen3_deep, path, "full")
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "policy,vocab", [("full", False), ("threshold=0.08", False), ("cost", False), ("full", True)]
 )

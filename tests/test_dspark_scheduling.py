@@ -128,6 +128,7 @@ def _first_tokens(rule, n, seed):
     return counts
 
 
+@pytest.mark.statistical
 def test_the_papers_counterexample_biases_an_anticipating_rule_but_not_ours():
     n = 4000
     ours = _first_tokens("ours", n, seed=0)

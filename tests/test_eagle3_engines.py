@@ -282,6 +282,7 @@ def test_a_sampled_chain_hands_over_the_distributions_it_drew_from(
     assert len(chains) > 1  # sampled, not a point mass
 
 
+@pytest.mark.statistical
 def test_a_sampled_first_draft_is_a_draw_from_its_q(ar, drafters):
     pipe = _pipe(ar, drafters["specforge"])
     drafter = pipe.method.new_drafter(64)
@@ -296,7 +297,7 @@ def test_a_sampled_first_draft_is_a_draw_from_its_q(ar, drafters):
     assert chi_square_pvalue(counts, q.roll(1) * 0.3 + q * 0.7) < 1e-6  # the test can tell
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("engine", ["sync", "resident"])
 def test_sampling_through_sampled_chains_has_the_target_distribution(
     ar, drafters, engine, monkeypatch

@@ -75,7 +75,7 @@ def _ids(n: int, seed: int) -> torch.Tensor:
 
 def test_layer_kinds_shapes_and_cache_slots(pair):
     variant, _, ours = pair
-    g = ours.args.gemma
+    g = ours.args.layout
     assert g.layer_types == (SLIDING, SLIDING, FULL) * 2 and g.sliding_window == 4
     assert g.head_dims == (16, 16, 32) * 2 and ours.args.logit_softcap == 10.0
     assert ours.args.embed_scale == 8.0 and g.global_rope.kind == "proportional"
@@ -281,7 +281,7 @@ def test_published_configs_parse_and_build(size, hidden, layers, kv, billions):
                     num_global_key_value_heads=4)  # fmt: skip
         text["layer_types"] = text["layer_types"][:6] * 10
     args = model_args(cfg, name=f"gemma-4-{size}")
-    g = args.gemma
+    g = args.layout
     assert (args.hidden_size, args.num_layers, args.vocab_size) == (hidden, layers, 262144)
     assert (g.kv_heads[0], g.kv_heads[5]) == kv and (g.head_dims[0], g.head_dims[5]) == (256, 512)
     assert g.k_eq_v and g.sliding_window == 1024 and args.logit_softcap == 30.0

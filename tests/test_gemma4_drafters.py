@@ -345,6 +345,7 @@ def test_greedy_equals_plain_decoding_with_drafts_verified(ar, drafters, case):
         assert used == {"dflash", "dspark"}
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "case",
     ["deepspec dspark", "trained zlab dflash", pytest.param("stacked", marks=pytest.mark.slow)],

@@ -224,6 +224,7 @@ def test_greedy_equals_ar_and_the_resident_loop_the_sync_loop(ar, variants, name
     assert got.token_ids == sync_sampled.token_ids
 
 
+@pytest.mark.statistical
 def test_sampling_through_the_gemma_drafter_has_the_target_distribution(ar, target, variants):
     tv, far = second_token_tv(_pipe(ar, variants["12b-like"]), target)
     assert tv < 0.06 and tv < far / 5, (tv, far)

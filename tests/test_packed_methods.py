@@ -196,6 +196,7 @@ def test_a_drafter_of_another_vocabulary_is_refused_on_a_packed_target(tiny_qwen
     assert_one_line_error(got, 2, "does not fit target", f"vocabulary {TINY_VOCAB + 64} vs")
 
 
+@pytest.mark.statistical
 def test_sampling_through_dflash_keeps_the_packed_targets_distribution(tiny_qwen3_deep,
                                                                        tiny_dflash):  # fmt: skip
     """The second generated token's empirical distribution converges to the exact one of

@@ -245,7 +245,7 @@ def exact_penalised(target, prompt, params, position) -> torch.Tensor:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("method", ["ar", "dflash", "dspark"])  # (ngram: no matches here)
 def test_sampling_with_penalties_has_the_penalised_distribution(pipes, method):
     """The 3rd answer token: drawn from a verify row after the first token and, when d1
@@ -303,7 +303,7 @@ class TwinDrafter(KeyDrafter):
 TWIN = dict(temperature=1.0, top_k=3, frequency_penalty=-2.0, presence_penalty=-2.0)
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampled_rows_after_accepted_drafts_count_them(llama):
     """Under sampling, with drafts the target often accepts: the third answer token comes
     from the row after an accepted d1 most of the time, penalised with d1 counted."""

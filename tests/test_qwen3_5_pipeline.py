@@ -103,6 +103,7 @@ def test_the_cost_policy_ngram_and_both_engines(ar, trained, engine):
         assert got.token_ids == want, spec
 
 
+@pytest.mark.statistical
 def test_sampling_keeps_the_targets_distribution(ar, dflash):
     """The second token's empirical distribution converges to the exact one (T = 1)."""
     from specgen.verify.sampling import probabilities

@@ -223,7 +223,7 @@ def test_an_interrupted_resident_answer_continues_as_a_chat(
     assert pipe.generate(follow, max_new_tokens=20, session=session).token_ids == want
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("method,policy", [("dspark", "cost"), ("stacked", "full")])
 def test_sampling_in_the_resident_loop_has_the_target_distribution(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark, method, policy, resident

@@ -191,7 +191,7 @@ def test_a_drafter_for_another_target_is_refused(tiny_qwen3_deep, tiny_dflash, t
         _stacked(tiny_qwen3_deep, tiny_dflash, other)
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_stacked_has_the_target_distribution(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark
 ):

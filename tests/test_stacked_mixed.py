@@ -186,7 +186,7 @@ def test_cli_three_drafters_and_bad_input(tiny_qwen3_deep, drafters, tmp_path):
     assert_one_line_error(result, 2, str(deep), str(tiny_qwen3_deep))
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_three_drafters_has_the_target_distribution(ar, drafters, monkeypatch):
     from support.statistics import exact_token_distribution
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
 
 
 def spec_bench_questions(ids):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 
 
 

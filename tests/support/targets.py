@@ -215,7 +215,7 @@ def save_tiny_gemma4(path: Path, seed: int = 0, *, unified: bool = False, **text
     return model
 
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2

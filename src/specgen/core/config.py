@@ -7,6 +7,7 @@ from a Hugging Face `config.json` through the family its `model_type` names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from specgen.core.errors import OptionError, SpecgenError
 
@@ -39,7 +40,7 @@ MAX_LOGPROBS = 20  # the likeliest tokens reported per position (OpenAI's chat l
 @dataclass(frozen=True)
 class RopeArgs:
     theta: float = 10000.0
-    kind: str = "default"  # models/families/common.SUPPORTED_ROPE, or "proportional"
+    kind: str = "default"  # models/family_config.SUPPORTED_ROPE, or "proportional"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
@@ -50,54 +51,9 @@ class RopeArgs:
 
 
 @dataclass(frozen=True)
-class HybridArgs:
-    """Qwen3.5's Gated DeltaNet layers: which layers they are, and their shapes."""
-
-    layer_types: tuple[str, ...]  # per layer: LINEAR (Gated DeltaNet) or FULL (attention)
-    conv_kernel: int  # the depthwise causal conv over q/k/v
-    key_heads: int
-    value_heads: int  # a multiple of key_heads: each q/k head serves several value heads
-    key_dim: int
-    value_dim: int
-
-    @property
-    def conv_dim(self) -> int:  # channels of the conv: q, k and v side by side
-        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
-
-    def linear(self, layer: int) -> bool:
-        return self.layer_types[layer] == LINEAR
-
-
-@dataclass(frozen=True)
-class GemmaArgs:
-    """Gemma 4's attention layers, each with its own shape: sliding-window layers and global
-    (full) ones differ in head dim, KV heads and RoPE; the last `num_kv_shared_layers`
-    layers attend over an earlier layer's keys and values instead of their own."""
-
-    layer_types: tuple[str, ...]  # per layer: SLIDING or FULL
-    sliding_window: int  # a sliding layer's query q sees keys k with q - window < k <= q
-    head_dims: tuple[int, ...]  # per layer
-    kv_heads: tuple[int, ...]  # per layer
-    sliding_rope: RopeArgs
-    global_rope: RopeArgs  # usually proportional (partial rotary over the whole head)
-    kv_source: tuple[int, ...]  # per layer: whose K/V it reads (itself unless shared)
-    intermediate_sizes: tuple[int, ...]  # per layer (double-wide MLP on KV-shared layers)
-    k_eq_v: bool = False  # global layers: no v_proj, values from the key projection
-    approximate: str = "tanh"  # the MLP's GELU: "tanh" (gelu_pytorch_tanh) or "none"
-
-    def window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
-
-    def rope(self, layer: int) -> RopeArgs:
-        return self.sliding_rope if self.layer_types[layer] == SLIDING else self.global_rope
-
-    def shares_kv(self, layer: int) -> bool:
-        return self.kv_source[layer] != layer
-
-
-@dataclass(frozen=True)
 class ModelArgs:
-    """The shape of a target decoder (Llama, Qwen2, Qwen3, Qwen3.5 or Gemma 4 family)."""
+    """The shape of a target decoder: what every family's layers share, and (`layout`)
+    what is the family's own."""
 
     family: str
     vocab_size: int
@@ -117,19 +73,21 @@ class ModelArgs:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
-    # Qwen3.5: Gated DeltaNet layers beside the attention ones, a sigmoid output gate on
-    # attention, RoPE on the first `rotary_dim` channels of a head only, and zero-centred
-    # RMSNorm weights (the scale is 1 + weight)
-    hybrid: HybridArgs | None = None
+    # Options of the shared layers that some families set: a sigmoid output gate on
+    # attention (Qwen3.5), RoPE on the first `rotary_dim` channels of a head only,
+    # zero-centred RMSNorm weights (the scale is 1 + weight), RMSNorm weights kept in
+    # fp32, embeddings scaled (Gemma: sqrt(hidden)), logits capped as tanh(x / c) * c
     attn_output_gate: bool = False
     rotary_dim: int | None = None  # None: the whole head
     norm_offset: bool = False
-    fp32_norms: bool = False  # RMSNorm weights kept in fp32 (Qwen3.5's, Gemma 4's)
-    # Gemma 4: per-layer attention shapes (the fields above give its sliding layers'),
-    # embeddings scaled by sqrt(hidden), logits capped as tanh(x / c) * c
-    gemma: GemmaArgs | None = None
+    fp32_norms: bool = False
     embed_scale: float | None = None
     logit_softcap: float | None = None
+    # The family's own facts about its layers, in its own type (None: every layer alike):
+    # Qwen3.5's Gated DeltaNet pattern and shapes (families/qwen3_5.HybridArgs), Gemma 4's
+    # per-layer attention shapes (families/gemma4.GemmaArgs); only the family's modules
+    # read it
+    layout: Any = None
 
     @property
     def rope_dim(self) -> int:

@@ -87,8 +87,6 @@ def training_of(name: str) -> DrafterTraining:
     hooks = None if cls is None else cls.training
     if hooks is None:
         trainable = [n for n, c in DRAFTERS.items() if c.training is not None]
-        raise SpecgenError(
-            f"--kind must be one of {', '.join(trainable) or 'the trainable methods'} "
-            f"(got {name!r})"
-        )
+        listed = ", ".join(trainable[:-1]) + " or " + trainable[-1] if trainable else "none"
+        raise SpecgenError(f"--kind must be {listed} (got {name!r})")
     return hooks

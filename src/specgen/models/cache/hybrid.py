@@ -74,7 +74,7 @@ class HybridCache(StaticKVCache):
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        hy = args.hybrid
+        hy = args.layout
         assert hy is not None
         attention = [i for i, kind in enumerate(hy.layer_types) if kind == FULL]
         super().__init__(

@@ -219,12 +219,11 @@ OPTIONS = {
     "qk_norm": _any,
     "eos_token_ids": _any,
     "bos_token_id": _any,
-    "hybrid": lambda v, a: v is None,
     "attn_output_gate": lambda v, a: not v,
     "rotary_dim": lambda v, a: v is None or v == a.head_dim,
     "norm_offset": lambda v, a: not v,  # decoder.c scales by w, not 1 + w
     "fp32_norms": _any,  # an fp32 model's norms are fp32 anyway
-    "gemma": lambda v, a: v is None,
+    "layout": lambda v, a: v is None,  # a family's own layer pattern: not the pass's
     "embed_scale": lambda v, a: v is None,
     "logit_softcap": lambda v, a: v is None,
 }

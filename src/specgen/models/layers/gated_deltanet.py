@@ -37,7 +37,7 @@ L2_EPS = 1e-6  # transformers' (and fla's) l2norm epsilon
 class GatedDeltaNetLayer(nn.Module):
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        hy = args.hybrid
+        hy = args.layout
         assert hy is not None
         self.args, self.hy = args, hy
         h, value_width = args.hidden_size, hy.value_heads * hy.value_dim

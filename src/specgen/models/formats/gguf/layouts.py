@@ -85,7 +85,7 @@ def grouped_from_tiled(key_heads: int, per_key: int, width: int = 1) -> torch.Te
 
 
 def _undo_qwen35(key: str, t: Tensor, args: ModelArgs) -> Tensor:
-    hy = args.hybrid
+    hy = args.layout
     if hy is None or ".linear_attn." not in key:
         return t
     leaf = key.rsplit(".linear_attn.", 1)[1]

@@ -245,7 +245,7 @@ BAD = [  # (route, body, status, param or code the error names)
     ("/v1/completions", {"prompt": RAW, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ("/v1/completions", {"prompt": RAW, "model": "gpt-4o"}, 404, "model"),
     ("/v1/completions", {"prompt": RAW, "specgen": {"method": "eagle"}}, 400, "specgen.method"),
-    ("/v1/completions", {"prompt": "fox " * 400}, 413, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "fox " * 400}, 400, "context_length_exceeded"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [RAW, RAW]}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),

@@ -140,7 +140,7 @@ def test_a_huge_prompt_is_refused_from_a_sample(tmp_path):
                 ("/v1/completions", {"prompt": "fox jumps " * 200_000}),  # 2 MB
                 ("/v1/chat/completions", {"messages": huge}),
             ]:
-                error = error_of(http.post(route, json=body), 413, "context_length_exceeded")
+                error = error_of(http.post(route, json=body), 400, "context_length_exceeded")
                 assert "at least" in error["message"]
         finally:
             tokenizer.__class__.__call__ = original

@@ -89,6 +89,13 @@ def json_schema_grammar(schema: dict, param: str) -> str:
     return grammar
 
 
+def llguidance_regex(regex: str) -> str:
+    """A regular expression as llguidance's grammar (the answer must match it whole)."""
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_regex(regex)
+
+
 def compile(codec: TextCodec, vocab: int, grammar: str, param: str) -> Grammar:
     """A fresh matcher for one answer (runs in the encoder thread: the first call per
     codec builds the tokenizer view)."""

@@ -340,8 +340,8 @@ def test_a_template_without_tools_gets_the_generic_format(tmp_path):
 def test_tool_choice_none_is_never_refused_and_leaves_the_tools_out(tmp_path):
     pipe = StubPipe(codec_with(tmp_path), answers=["plain"])
     with stub_app(pipe) as http:
-        r = http.post("/v1/chat/completions",
-                      json={"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})  # fmt: skip
+        body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"}
+        r = http.post("/v1/chat/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "plain"
         assert "get_weather" not in pipe.codec.tokenizer.decode(pipe.prompts[-1])
         assert pipe.constraints[-1] is None
@@ -352,8 +352,8 @@ def test_tool_choice_none_is_never_refused_and_leaves_the_tools_out(tmp_path):
 def test_a_generic_history_renders_calls_and_results_as_json(tmp_path):
     pipe = StubPipe(codec_with(tmp_path), 4096, answers=['{"response": "It is sunny."}'])
     with stub_app(pipe) as http:
-        r = http.post("/v1/chat/completions", json={"messages": history(HISTORY),
-                                                    "tools": [WEATHER], "max_tokens": 200})  # fmt: skip
+        body = {"messages": history(HISTORY), "tools": [WEATHER], "max_tokens": 200}
+        r = http.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "It is sunny."
         prompt = pipe.codec.tokenizer.decode(pipe.prompts[-1])

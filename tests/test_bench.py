@@ -21,6 +21,9 @@ from specgen.core.stats import GenStats
 from specgen.models.families import model_args
 from support.targets import FIXTURES
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 
 

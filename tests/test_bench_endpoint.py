@@ -26,6 +26,9 @@ from specgen.core.errors import SpecgenError
 from specgen.core.stats import GenStats
 from support.serve import CPU, Server
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 KEY = "bench-key"
 

@@ -10,6 +10,9 @@ from safetensors.torch import load_file, save_file
 
 from support.cli import FAST, assert_one_line_error, run
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 # --- what works -------------------------------------------------------------------------
 
 

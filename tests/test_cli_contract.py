@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 from specgen.cli import app
 from specgen.core.stats import GenStats
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
 

@@ -17,6 +17,9 @@ import pytest
 
 from support.serve import CPU, Server, generate, streamed
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 METHODS = ("ar", "ngram", "dflash", "dspark", "stacked")
 KEY = "test-key"
 CHAT = "The quick brown fox"

@@ -21,6 +21,9 @@ import pytest
 
 from support.serve import CPU, Server, streamed
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 METHODS = ("ar", "ngram", "dflash")
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Speculative decoding", "Café, naïve")
 CLIENTS, PER_CLIENT, N = 8, 4, 16

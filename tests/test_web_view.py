@@ -20,6 +20,9 @@ import pytest
 
 from support.serve import CPU, Server
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "web-view-test-key"
 # Debian's chromium in a closed network: no sandbox (root in CI), and none of the background

@@ -169,7 +169,7 @@ def test_public_suite_unreachable_is_one_line(monkeypatch, capfd, tmp_path):
     assert result.exit_code == 2
     assert stderr.strip().splitlines() == [
         "error: HuggingFaceH4/mt_bench_prompts is not cached and the Hugging Face Hub cannot "
-        "be reached; run the same command once online"
+        "be reached: check the network (or a proxy, HF_ENDPOINT) and try again"
     ]
 
 

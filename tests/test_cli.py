@@ -218,6 +218,8 @@ def test_pull_unknown_alias_and_offline(monkeypatch):
     assert_one_line_error(run("pull", "gpt-9"), 2, "unknown model")
     result = run("pull", "qwen3-4b", "--no-drafters")  # HF_HUB_OFFLINE=1 in tests
     assert result.exit_code == 2 and "HF_HUB_OFFLINE" in result.stderr.splitlines()[-1]
+    # what to do, not "run specgen pull" again: the command being run is that one
+    assert "unset HF_HUB_OFFLINE" in result.stderr and "specgen pull" not in result.stderr
 
 
 # --- Ctrl-C mid-answer -------------------------------------------------------------------

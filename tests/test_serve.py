@@ -281,7 +281,7 @@ def test_harmless_fields_are_accepted(server, client):
 
 def test_a_client_that_leaves_stops_its_answer(server, client, drafters, tiny_qwen3_deep):
     ref = reference(tiny_qwen3_deep, drafters, "ar", RAW, "--raw")
-    before = _metrics(server).get('specgen_finished_total{reason="cancelled"}', 0)
+    before = _metrics(server).get('specgen_finished_total{reason="cut_client"}', 0)
     with server.http() as http:
         body = {"prompt": "The quick", "max_tokens": 200, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as r:
@@ -295,10 +295,10 @@ def test_a_client_that_leaves_stops_its_answer(server, client, drafters, tiny_qw
     c = client.completions.create(model="", prompt=RAW, max_tokens=N, extra_body=spec("ar"))
     assert c.choices[0].text == ref["text"]  # the session was left consistent
     for _ in range(50):  # both cut at their next step
-        if _metrics(server).get('specgen_finished_total{reason="cancelled"}', 0) >= before + 2:
+        if _metrics(server).get('specgen_finished_total{reason="cut_client"}', 0) >= before + 2:
             break
         time.sleep(0.1)
-    assert _metrics(server)['specgen_finished_total{reason="cancelled"}'] >= before + 2
+    assert _metrics(server)['specgen_finished_total{reason="cut_client"}'] >= before + 2
 
 
 def test_sigterm_lets_the_answer_in_flight_finish_and_exits_0(server):

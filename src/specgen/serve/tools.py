@@ -273,7 +273,7 @@ def special_text(codec: TextCodec):
 
 def finish_reason(finish: str, calls: int) -> str:
     """ "tool_calls" for an answer that ended by itself after calling; a cut one keeps
-    its reason ("length", "cancelled")."""
+    its reason ("length")."""
     return "tool_calls" if calls and finish == "stop" else finish
 
 

@@ -123,7 +123,7 @@ class Worker:
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._closing = threading.Event()  # the thread should leave
-        self._cutting = threading.Event()  # every answer ends now, finish_reason "cancelled"
+        self._cutting = threading.Event()  # every answer ends now (finish "length", cut)
         self._running: Job | None = None
         self._ends: deque[float] = deque(maxlen=16)  # when recent jobs left: the drain rate
         self._answer_seconds = 1.0  # a running mean, when too few jobs have ended yet
@@ -299,7 +299,8 @@ class Worker:
             # the context filling up is a length limit to an OpenAI client
             finish = "length" if stats.finish_reason in ("length", "context") else "stop"
         if self.metrics is not None:
-            self.metrics.answer(stats, finish if cut_by is None else "cancelled")
+            # a cut answer is counted by who cut it (its OpenAI finish is "length")
+            self.metrics.answer(stats, finish if cut_by is None else f"cut_{cut_by}")
         cached = stats.prompt_tokens - stats.prefill_tokens
         if job.echo and job.sampling.logprobs is not None:
             cached = 0  # this request's own scoring pass computed the prompt, not a cache

@@ -29,7 +29,9 @@ from specgen.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
 # one library: the packed products and the fused decoder pass that calls them (decoder.c)
-SOURCES = (SOURCE, SOURCE.with_name("packed_wide.c"), SOURCE.with_name("decoder.c"))
+SOURCES = tuple(
+    SOURCE.with_name(f) for f in ("packed.c", "common.c", "f32x8.c", "f32x16.c", "decoder.c")
+)
 HEADERS = (SOURCE.with_name("packed.h"),)
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
@@ -39,7 +41,7 @@ MIN_PARALLEL_WORK = 1 << 18
 DIRECT_ROWS = 16
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 # SPECGEN_CPU_ISA narrows what -march=native may use: each narrower build runs its own code
-# path (packed_wide.c's 16 lanes, packed.c's 8, its portable C), so one machine can test all
+# path (f32x16.c's 16 lanes, f32x8.c's 8, its portable C), so one machine can test all
 ISA_FLAGS = {
     "native": (),
     "avx2": ("-mno-avx512f",),

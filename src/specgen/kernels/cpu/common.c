@@ -65,3 +65,22 @@ void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) 
             xs[r * groups + g] = lanes_sum8(acc);
         }
 }
+
+#ifndef SPECGEN_SOURCE_HASH
+#define SPECGEN_SOURCE_HASH ""
+#endif
+const char *packed_source_hash(void) { return SPECGEN_SOURCE_HASH; }
+
+const char *packed_isa(void) {
+#if defined(WIDE) && defined(__AVX512VNNI__)
+    return "avx512+vnni";
+#elif defined(WIDE)
+    return "avx512";
+#elif defined(SIMD8) && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+    return "avx2+vnni";
+#elif defined(SIMD8)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}

@@ -21,7 +21,7 @@
 
 #include "packed.h"
 
-#if defined(__AVX512F__)
+#if defined(WIDE)
 #include <immintrin.h>
 
 #define WL 16  /* lanes */

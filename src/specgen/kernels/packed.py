@@ -100,6 +100,22 @@ def activations() -> str:
     return act
 
 
+def q8_quantize_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) as the q8 products quantize it: q int8 [M, K] and d
+    [M, K/32] (kernels/cpu/packed.h). For tests and measurements."""
+    lib = compiled()
+    if lib is None:
+        raise RuntimeError("no CPU kernels")
+    x = x.float().contiguous()
+    rows, k = x.shape
+    q, d = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // 32)
+    sums = torch.empty(rows, k // 16, dtype=torch.int32)
+    lib.q8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+    lib.q8_quantize(x.data_ptr(), rows, k, q.data_ptr(), d.data_ptr(), sums.data_ptr())
+    return q, d
+
+
 def kernel_threads() -> int:
     """Threads for one packed product: torch's count (set by --threads)."""
     return torch.get_num_threads()

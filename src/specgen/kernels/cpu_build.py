@@ -161,18 +161,25 @@ def prebuilt(v: Variant) -> ctypes.CDLL | None:
     return lib if lib.packed_source_hash().decode() == source_hash(v) else None
 
 
-def on_demand(v: Variant, cc: str) -> ctypes.CDLL:
-    """`v` compiled here, once per sources, compiler, flags (and CPU, for native)."""
+def cached_path(v: Variant, cc: str) -> Path:
+    """Where `v` compiled here is kept: one file per sources, compiler and flags, and for a
+    -march=native build per what the compiler makes of this CPU (and its flags)."""
     from specgen.paths import specgen_home
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = version + source_hash(v)
-    if "-march=native" in v.flags:  # what native means to the compiler on this CPU
+    if "-march=native" in v.flags:
         seen = subprocess.run([cc, "-march=native", "-E", "-v", "-x", "c", os.devnull],
                               capture_output=True, text=True)  # fmt: skip
         key += " ".join(line for line in seen.stderr.splitlines() if "cc1" in line)
         key += str(sorted(cpu_flags() or ()))
-    out = specgen_home() / "kernels" / f"packed-{v.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return specgen_home() / "kernels" / f"packed-{v.name}-{digest}.so"
+
+
+def on_demand(v: Variant, cc: str) -> ctypes.CDLL:
+    """`v` compiled here (once: cached_path)."""
+    out = cached_path(v, cc)
     if not out.is_file():
         compile_variant(v, out, cc)
     return ctypes.CDLL(str(out))

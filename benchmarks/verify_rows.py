@@ -30,7 +30,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--acts", default="fp32,q8", help="activation kinds: fp32, q8 (or one)")
+    ap.add_argument("--threads", type=int, help="default: torch's count")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.environ.setdefault("SPECGEN_CPU_THREADS", "fixed")
 
     from specgen.cli.common import quiet_libraries

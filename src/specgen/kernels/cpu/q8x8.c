@@ -64,6 +64,14 @@ static inline void block_weights(const uint8_t *const *p, int bits, int64_t b, _
 #endif
 }
 
+/* a block's share of the panel AHEAD panels on, asked for early (q8x16.c says why) */
+#define AHEAD 2
+static inline void prefetch_next(const uint8_t *const *p, int bits, int64_t K, int64_t b) {
+    int64_t share = bits == 4 ? 128 : 256;
+    const char *next = (const char *)p[0] + AHEAD * P * (bits == 4 ? K / 2 : K) + b * share;
+    for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T0);
+}
+
 static inline __m256i sums4(const __m256i *z, const int8_t *xb, int two) {
 #ifdef DPBUSD
     __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
@@ -177,8 +185,10 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
             __m256i z[8], mag[8];                                                              \
             if (staged)                                                                        \
                 for (int t = 0; t < 8; t++) z[t] = _mm256_load_si256(staged + 8 * b + t);      \
-            else                                                                               \
+            else {                                                                             \
+                prefetch_next(p, BITS, K, b);                                                  \
                 block_weights(p, BITS, b, z);                                                  \
+            }                                                                                  \
             if (BITS == 8 && !VNNI)                                                            \
                 for (int t = 0; t < 8; t++) mag[t] = _mm256_abs_epi8(z[t]);                    \
             int64_t g = group == 16 ? 2 * b : b >> per;                                        \
@@ -243,6 +253,7 @@ int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, co
         if (stage)
             for (int64_t b = 0; b < nb; b++) {
                 __m256i z[8];
+                prefetch_next(p, bits, K, b);
                 block_weights(p, bits, b, z);
                 for (int t = 0; t < 8; t++) _mm256_store_si256(stage + 8 * b + t, z[t]);
             }

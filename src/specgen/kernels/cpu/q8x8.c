@@ -72,20 +72,15 @@ static inline void prefetch_next(const uint8_t *const *p, int bits, int64_t K, i
     for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T0);
 }
 
-static inline __m256i sums4(const __m256i *z, const int8_t *xb, int two) {
+static inline __m256i sums4(const __m256i *z, const int8_t *xb) { /* two chains: q8x16.c */
 #ifdef DPBUSD
     __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
-    if (!two) {
-        for (int t = 0; t < 8; t++) a = DPBUSD(a, z[t], xword(xb, t));
-        return a;
-    }
     for (int t = 0; t < 4; t++) {
         a = DPBUSD(a, z[t], xword(xb, t));
         c = DPBUSD(c, z[4 + t], xword(xb, 4 + t));
     }
     return _mm256_add_epi32(a, c);
 #else
-    (void)two;
     /* pairs of products in 16 bits: at most 2 * 15 * 127 each, 8 of them still fit */
     __m256i s = _mm256_maddubs_epi16(z[0], xword(xb, 0));
     for (int t = 1; t < 8; t++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(z[t], xword(xb, t)));
@@ -199,7 +194,7 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
                 __m256 d = _mm256_set1_ps(x->d[row * nb + b]);                                 \
                 const float *Xr = m ? X + row * G : NULL;                                      \
                 if (BITS == 4) {                                                               \
-                    acc[r] = step(acc[r], s + g * P, d, sums4(z, xb, R <= 2));                         \
+                    acc[r] = step(acc[r], s + g * P, d, sums4(z, xb));                         \
                     if (m && last) acc[r] = offset(acc[r], m + g * P, Xr[g]);                  \
                     continue;                                                                  \
                 }                                                                              \

@@ -20,10 +20,14 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("cpu_build", HERE / "src/specgen/kernels/cpu_build.py")
+_spec = importlib.util.spec_from_file_location(
+    "cpu_build", HERE / "src/specgen/kernels/cpu_build.py"
+)
 cpu_build = sys.modules["cpu_build"] = importlib.util.module_from_spec(_spec)  # dataclasses ask
 _spec.loader.exec_module(cpu_build)
-VARIANTS = {f"specgen.kernels.cpu.{cpu_build.PREFIX}{v.name}": v for v in cpu_build.variants() if v.prebuilt}
+VARIANTS = {
+    f"specgen.kernels.cpu.{cpu_build.PREFIX}{v.name}": v for v in cpu_build.variants() if v.prebuilt
+}
 
 
 class BuildKernels(build_ext):

@@ -53,8 +53,8 @@ def run_specgen(pipe, ids: list[int], max_new: int, stop: int) -> tuple[list[int
 
 
 def bench_dtype(model: str, dtype_name: str, prompts: list[str], max_new: int) -> dict:
-    from specgen.device import DTYPES
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.device import DTYPES
 
     pipe = Pipeline.load(model, device="cpu", dtype=dtype_name)
     ref = reference_model(pipe_dir(model), DTYPES[dtype_name])

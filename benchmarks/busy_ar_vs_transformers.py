@@ -30,7 +30,7 @@ SPECGEN = r"""
 import sys, time
 import specgen
 from specgen.cli.common import quiet_libraries
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 quiet_libraries()
 pipe = Pipeline.load(device="cpu", dtype="float32")
 pipe.generate("Hello", max_new_tokens=8)
@@ -102,7 +102,7 @@ def _paths() -> dict[str, str]:
     """What each engine reads: specgen resolves the default itself; transformers the GGUF's
     dequantized copy; llama.cpp the GGUF file."""
     from specgen.hub import resolve_model
-    from specgen.models.gguf import ensure_converted
+    from specgen.models.formats.gguf.convert import ensure_converted
 
     gguf = resolve_model("smollm2-135m").gguf
     return {"specgen": "", "specgen-fixed": "", "llama.cpp": str(gguf),

@@ -37,8 +37,8 @@ def main() -> None:
     import torch
     from llama_cpp import Llama
 
+    from specgen.api.loader import load_target
     from specgen.hub import embedded_gguf
-    from specgen.loader import load_target
     from specgen.registry import DEFAULT_ALIAS, MODELS
 
     torch.set_num_threads(args.threads)

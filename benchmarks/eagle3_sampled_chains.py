@@ -28,9 +28,9 @@ SAMPLE = HERE / "prompts" / "spec_bench_sample.jsonl"
 
 
 def main() -> None:
-    from specgen.config import SamplingParams, SpecConfig
-    from specgen.drafting import eagle3
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SamplingParams, SpecConfig
+    from specgen.methods.eagle3 import drafter as eagle3
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")

@@ -38,7 +38,7 @@ def _loop_seconds(
     `method` a speculative step verifying every draft (random drafters: the drafts are
     rejected, so this times a full draft + verify step); `resident`: that step in the
     device-resident loop (engine/resident.py), queued before the last one is read."""
-    from specgen.config import SamplingParams
+    from specgen.core.config import SamplingParams
     from specgen.engine.ar import generate_ar
     from specgen.engine.loop import generate_speculative
     from specgen.engine.overlap import overlapped

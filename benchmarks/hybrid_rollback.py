@@ -4,7 +4,7 @@
 
 A verify step runs the gated delta rule over [anchor, d1..dk] (T = k + 1 tokens) and must
 leave the state after the anchor and the a accepted drafts. Two mechanisms:
-- tape replay (what specgen does, models/hybrid_cache.py; z-lab's MLX backend too): keep
+- tape replay (what specgen does, models/cache/hybrid.py; z-lab's MLX backend too): keep
   the state before a step and the step's inputs (q, k, v, g, beta); the next step first
   runs the rule again over the committed tokens, then over its own;
 - per-position states (SGLang's intermediate states; specgen's first version): keep the
@@ -62,11 +62,11 @@ def _layer(layer, cache, x, layer_id, tokens):
 
 
 def main() -> None:
-    from specgen.config import LINEAR
+    from specgen.core.config import LINEAR
     from specgen.kernels.gated_delta import gated_delta_recurrent, gated_delta_replay
+    from specgen.models.cache.hybrid import HybridCache
     from specgen.models.families import model_args
-    from specgen.models.gated_deltanet import GatedDeltaNetLayer
-    from specgen.models.hybrid_cache import HybridCache
+    from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")

@@ -28,11 +28,11 @@ def main() -> None:
 
     from rich.console import Console
 
+    from specgen.api.pipeline import Pipeline
     from specgen.bench.suites import BUILTIN, load_suite
     from specgen.cli.common import quiet_libraries
-    from specgen.config import SpecConfig
-    from specgen.live import LiveAnswer
-    from specgen.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
+    from specgen.terminal.live import LiveAnswer
 
     quiet_libraries()
     pipe = Pipeline.load(args.model, spec=SpecConfig(method=args.method))

@@ -64,9 +64,9 @@ def main() -> None:
     args = parser.parse_args()
     drafters = dict(d.split("=", 1) for d in args.drafter)
 
+    from specgen.api.pipeline import Pipeline
     from specgen.cli.common import quiet_libraries
-    from specgen.config import SpecConfig
-    from specgen.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
 
     quiet_libraries()
     base = Pipeline.load(args.model, dtype=args.dtype)

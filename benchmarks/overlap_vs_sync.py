@@ -27,11 +27,11 @@ def main() -> None:
 
     from rich.console import Console
 
+    from specgen.api.pipeline import Pipeline
     from specgen.bench.suites import BUILTIN, load_suite
     from specgen.cli.common import quiet_libraries
-    from specgen.config import SpecConfig
-    from specgen.live import LiveAnswer
-    from specgen.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
+    from specgen.terminal.live import LiveAnswer
 
     quiet_libraries()
     base = Pipeline.load(args.model, spec=SpecConfig(engine="sync"))

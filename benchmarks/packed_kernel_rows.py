@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specgen.kernels.packed import DIRECT_ROWS, packed_linear_cpu
-    from specgen.models.packed import quantize
+    from specgen.models.formats.packed_matrix import quantize
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -35,8 +35,8 @@ def no_products(x, out_features):
 
 def time_model(model, steps: int, whole_only: bool = False) -> dict:
     import specgen.kernels.packed as packed_kernels
-    import specgen.models.weights as weights_module
-    from specgen.models.weights import LinearWeight
+    import specgen.models.formats.weights as weights_module
+    from specgen.models.formats.weights import LinearWeight
 
     cache = model.new_cache(512)
     token = torch.tensor([[7]])
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
 
-    from specgen.loader import load_target
+    from specgen.api.loader import load_target
 
     models = {
         "packed": load_target("smollm2-135m", device="cpu").model,

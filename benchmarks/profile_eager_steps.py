@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     args = parser.parse_args()
 
-    from specgen.config import SamplingParams
+    from specgen.core.config import SamplingParams
     from specgen.engine.ar import generate_ar
 
     target, _ = build(json.loads(args.target.read_text()), args.device, getattr(torch, args.dtype))

@@ -79,9 +79,9 @@ def main() -> None:
     ap.add_argument("--llamacpp", action="store_true", help="add llama-cpp-python's logits")
     args = ap.parse_args()
 
+    from specgen.api.pipeline import Pipeline
     from specgen.cli.common import quiet_libraries
     from specgen.kernels.packed import kernel_isa
-    from specgen.pipeline import Pipeline
 
     quiet_libraries()
     pipe = Pipeline.load("smollm2-135m", device="cpu", dtype="float32")
@@ -93,7 +93,8 @@ def main() -> None:
         from specgen.hub import embedded_gguf
         from specgen.registry import DEFAULT_ALIAS, MODELS
 
-        llm = Llama(model_path=str(embedded_gguf(MODELS[DEFAULT_ALIAS])), n_ctx=4096, logits_all=True,
+        gguf = embedded_gguf(MODELS[DEFAULT_ALIAS])
+        llm = Llama(model_path=str(gguf), n_ctx=4096, logits_all=True,
                     n_threads=torch.get_num_threads(), verbose=False)  # fmt: skip
     names = ["fp32", "q8"] + (["llama.cpp"] if llm else [])
     text = {n: Scores() for n in names}
@@ -110,8 +111,8 @@ def main() -> None:
         os.environ["SPECGEN_CPU_ACT"] = "q8"
         got = pipe.generate(q, max_new_tokens=args.answer, session=pipe.new_session()).token_ids
         same_answers += list(want) == list(got)
-        common.append(next((j for j, (a, b) in enumerate(zip(want, got)) if a != b),
-                           min(len(want), len(got))))  # fmt: skip
+        pairs = enumerate(zip(want, got, strict=False))
+        common.append(next((j for j, (a, b) in pairs if a != b), min(len(want), len(got))))
         ids = prompt + list(want)
         for n in names:
             if n == "llama.cpp":
@@ -124,28 +125,21 @@ def main() -> None:
             answer[n].add(lg, ids, len(prompt) - 1)
         print(f"  {i + 1}/{len(qs)}: answers identical for {common[-1]} tokens", flush=True)
     print(f"smollm2-135m (Q4_1 GGUF), {kernel_isa()}, {len(qs)} Spec-Bench prompts")
-    print(f"  held-out text ({len(text['fp32'].top)} tokens):")
-    for n in names:
-        print(f"    {n:9s} perplexity {text[n].ppl():7.3f}   top-1 = fp32's {agree(text[n], text['fp32']):.4f}")
-    print(f"  fp32's greedy answers ({len(answer['fp32'].top)} tokens):")
-    for n in names:
-        print(f"    {n:9s} perplexity {answer[n].ppl():7.3f}   top-1 = fp32's {agree(answer[n], answer['fp32']):.4f}")
-    if llm:
-        print(f"  llama.cpp top-1 = q8's: text {agree(text['llama.cpp'], text['q8']):.4f}, "
-              f"answers {agree(answer['llama.cpp'], answer['q8']):.4f}")  # fmt: skip
-    print(f"  q8's greedy answer identical to fp32's: {same_answers}/{len(qs)}; "
-          f"tokens before the first difference: median {sorted(common)[len(common) // 2]}")
-    out = {
-        "isa": kernel_isa(),
-        "prompts": len(qs),
-        "text": {n: {"ppl": round(text[n].ppl(), 4), "top1_vs_fp32": round(agree(text[n], text["fp32"]), 5)} for n in names},
-        "answers": {n: {"ppl": round(answer[n].ppl(), 4), "top1_vs_fp32": round(agree(answer[n], answer["fp32"]), 5)} for n in names},
-        "identical_answers": same_answers,
-        "first_difference": common,
-    }  # fmt: skip
-    if llm:
-        out["llamacpp_top1_vs_q8"] = {"text": agree(text["llama.cpp"], text["q8"]),
-                                      "answers": agree(answer["llama.cpp"], answer["q8"])}  # fmt: skip
+    out = {"isa": kernel_isa(), "prompts": len(qs)}
+    for part, scores in (("held-out text", text), ("fp32's greedy answers", answer)):
+        print(f"  {part} ({len(scores['fp32'].top)} tokens): perplexity; top-1 = each path's")
+        rows = {}
+        for n in names:
+            rows[n] = {"ppl": round(scores[n].ppl(), 4)}
+            rows[n].update({f"top1={o}": round(agree(scores[n], scores[o]), 5) for o in names})
+            same = "  ".join(f"{o} {rows[n][f'top1={o}']:.4f}" for o in names if o != n)
+            print(f"    {n:9s} {rows[n]['ppl']:8.3f}   {same}")
+        out[part] = rows
+    print(
+        f"  q8's greedy answer identical to fp32's: {same_answers}/{len(qs)}; "
+        f"tokens before the first difference: median {sorted(common)[len(common) // 2]}"
+    )
+    out["identical_answers"], out["first_difference"] = same_answers, common
     print(json.dumps(out))
 
 

@@ -21,8 +21,8 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     from specgen import Pipeline
-    from specgen.loader import quantize_target
-    from specgen.models.weights import LinearWeight, describe_weights
+    from specgen.api.loader import quantize_target
+    from specgen.models.formats.weights import LinearWeight, describe_weights
 
     ref = Pipeline.load("smollm2-135m", device="cpu", dequantize=True)
     texts = [json.loads(line)["turns"][0] for line in
@@ -40,8 +40,8 @@ def main() -> None:
     out = {}
     for bits in ("int8", "int4"):
         for group in (32, 64, 128):
-            import specgen.models.weights_packed as wp
-            from specgen.models.weights import FORMATS
+            import specgen.models.formats.packed_weight as wp
+            from specgen.models.formats.weights import FORMATS
 
             FORMATS[bits] = wp._quantized(int(bits[-1]), group)  # this group size
             q = Pipeline.load("smollm2-135m", device="cpu", dequantize=True)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting import Drafter
 from specgen.engine.answer import cut
 from specgen.engine.loop import generate_speculative
@@ -33,7 +33,7 @@ from specgen.scheduling.cost import Shape
 from specgen.scheduling.scheduler import VerifyScheduler
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 
 class RecordingDrafter(Drafter):

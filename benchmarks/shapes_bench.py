@@ -95,18 +95,18 @@ def _randomize(module: torch.nn.Module) -> None:
 
 
 def build(target_cfg: dict, device: str, dtype: torch.dtype, quantize: str | None = None):
-    from specgen.drafting.dflash import DFlashMethod
-    from specgen.drafting.dspark import DSparkMethod
-    from specgen.models.dflash import DFlashArgs, DFlashNet
-    from specgen.models.dspark import DSparkArgs, DSparkNet
+    from specgen.methods.dflash.drafter import DFlashMethod
+    from specgen.methods.dspark.drafter import DSparkMethod
+    from specgen.methods.dspark.network import DSparkArgs, DSparkNet
+    from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
     from specgen.models.families import model_args
     from specgen.models.transformer import Transformer
 
     target = Transformer(model_args(target_cfg), dtype=dtype, device=device)
     _randomize(target)
     if quantize:  # the target's matrices packed (issue 33's GPU targets: int4 vs bf16)
-        import specgen.models.weights_packed  # noqa: F401  (registers int4/int8)
-        from specgen.models.weights import convert_weights
+        import specgen.models.formats.packed_weight  # noqa: F401  (registers int4/int8)
+        from specgen.models.formats.weights import convert_weights
 
         convert_weights(target, quantize)
     dflash = DFlashNet(

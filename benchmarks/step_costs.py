@@ -23,10 +23,10 @@ FIXTURE = HERE.parent / "tests" / "fixtures" / "dspark-qwen3-4b-block7.config.js
 
 def random_drafter(kind: str, target, layers: int, block: int):
     """A DFlash / DSpark method with random weights sized for `target`."""
-    from specgen.drafting.dflash import DFlashMethod
-    from specgen.drafting.dspark import DSparkMethod
-    from specgen.models.dflash import DFlashArgs, DFlashNet
-    from specgen.models.dspark import DSparkArgs, DSparkNet
+    from specgen.methods.dflash.drafter import DFlashMethod
+    from specgen.methods.dspark.drafter import DSparkMethod
+    from specgen.methods.dspark.network import DSparkArgs, DSparkNet
+    from specgen.models.drafters.dflash import DFlashArgs, DFlashNet
 
     a = target.args
     cfg = {
@@ -72,10 +72,10 @@ def main() -> None:
     parser.add_argument("--context", default="128,1024")
     args = parser.parse_args()
 
+    from specgen.api.pipeline import Pipeline
     from specgen.cli.common import quiet_libraries
-    from specgen.drafting.ngram import NgramMethod
     from specgen.engine.costs import measure_costs, measure_draft_seconds
-    from specgen.pipeline import Pipeline
+    from specgen.methods.ngram.drafter import NgramMethod
 
     quiet_libraries()
     pipe = Pipeline.load(args.model, dtype=args.dtype)

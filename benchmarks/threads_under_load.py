@@ -37,7 +37,7 @@ import torch
 n = os.environ.get("SPECGEN_THREADS")
 if n: torch.set_num_threads(int(n))
 from specgen.cli.common import quiet_libraries
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
 quiet_libraries()
 pipe = Pipeline.load(device="cpu", dtype="float32")
 pipe.generate("Hello", max_new_tokens=8)

@@ -36,10 +36,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("SPECGEN_CPU_THREADS", "fixed")
 
+    from specgen.api.pipeline import Pipeline
     from specgen.cli.common import quiet_libraries
     from specgen.kernels.packed import ACTIVATIONS, kernel_isa, kernel_lanes
-    from specgen.models.fused_cpu import FusedPass
-    from specgen.pipeline import Pipeline
+    from specgen.models.fused.cpu_pass import FusedPass
 
     quiet_libraries()
     model = Pipeline.load(args.model).model

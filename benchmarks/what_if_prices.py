@@ -21,7 +21,7 @@ so SLOPE = 0.18 / 15; DFlash draft 0.25 and DSpark draft 0.29 of an AR step, eag
 eager). For the default model on that GPU those ratios are an assumption: its own price
 list was never recorded.
 
-    python benchmarks/what_if_prices.py --suite ../shared/data/spec_bench.jsonl \
+    python benchmarks/what_if_prices.py --suite benchmarks/prompts/spec_bench.jsonl \
         --num-prompts 52 > out.txt && python benchmarks/summarize_bench.py out.txt
 """
 
@@ -77,14 +77,14 @@ def main() -> None:
         "dspark": dspark if args.dspark is None else args.dspark,
     }
 
-    from specgen import display
     from specgen.bench.harness import run_bench
     from specgen.bench.report import summarize
     from specgen.bench.suites import load_suite
     from specgen.cli.bench import _pipelines
     from specgen.cli.common import quiet_libraries
     from specgen.cli.options import Run
-    from specgen.config import SamplingParams
+    from specgen.core.config import SamplingParams
+    from specgen.terminal import display
 
     quiet_libraries()
     prompts = load_suite(args.suite, args.num_prompts)

@@ -7,7 +7,7 @@ The drafter it continues (`--like`) gives the shape, the draft vocabulary and th
 record; the held-out τ is measured here on the same split training used.
 
   python scripts/drafter_from_weights.py --weights dflash.net.safetensors \
-      --like src/specgen/drafters/smollm2-135m-dflash --out build/gpu-dflash \
+      --like src/specgen/assets/drafters/smollm2-135m-dflash --out build/gpu-dflash \
       --record '{"steps": 1000, "device": "cuda"}'
 """
 
@@ -20,20 +20,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specgen.drafting.vocab import save_draft_vocab
+import specgen.methods  # noqa: F401  (registers each method's training hooks)
+from specgen.core.paths import specgen_home
 from specgen.hub import resolve_model
 from specgen.models.loading import load_target, read_config
-from specgen.paths import specgen_home
-from specgen.training.checkpoint import save_drafter
-from specgen.training.evaluate import offline_acceptance
-from specgen.training.loop import (
-    TrainConfig,
-    drafter_config,
-    load_sequences,
-    new_drafter,
-    prepare_all,
-    split_holdout,
-)
+from specgen.training.kind import training_of
+from specgen.training.loop import TrainConfig, load_sequences, prepare_all, split_holdout
 from specgen.training.trainer import Vocab
 
 
@@ -52,20 +44,20 @@ def main() -> None:
     cfg = TrainConfig(**{**kept, "target_layers": tuple(kept.get("target_layers", ()))})
     resolved = resolve_model("smollm2-135m")
     target = load_target(resolved.path, dtype=torch.float32, device="cpu", name=resolved.name)
-    config = drafter_config(read_config(resolved.path, resolved.name), target.args.num_layers, cfg)
-    net = new_drafter(target, config, cfg.kind, cfg.seed)
+    hooks = training_of(cfg.kind)
+    target_config = read_config(resolved.path, resolved.name)
+    config = hooks.config(target_config, target.args.num_layers, cfg, None)
+    net = hooks.new(target, config, cfg, None)
     weights = {k: v.float() for k, v in load_file(str(args.weights)).items()}
     net.load_state_dict(weights)  # strict: any other shape fails here
 
     train_seqs, held_seqs = split_holdout(load_sequences(args.data), cfg.holdout_every)
-    held = prepare_all(target, net, held_seqs, resolved.name, specgen_home() / "features")
+    held = prepare_all(target, hooks, net, held_seqs, resolved.name, specgen_home() / "features")
     vocab = Vocab.of(target, train_seqs)
-    tau = offline_acceptance(target, net, held, vocab).tau
+    tau = hooks.evaluate(target, net, held, vocab).tau
     record = {**before, **json.loads(args.record), "offline_tau": round(tau, 4)}
-    save_drafter(args.out, net, config, extra={
-        "specgen_training": {k: v for k, v in record.items() if k != "curve"}
-    })  # fmt: skip
-    save_draft_vocab(args.out, vocab.ids.tolist())  # the rows training ranked
+    # the drafter, its training record, and the draft vocabulary training ranked
+    hooks.write(args.out, net, config, vocab, {k: v for k, v in record.items() if k != "curve"})
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"{args.out}: held-out τ {tau:.4f} (was {before['offline_tau']})")
 

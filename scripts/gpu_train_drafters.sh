@@ -29,7 +29,7 @@ LIMIT=$(python3 -c "print(int($MINUTES * 60 + ${MARGIN:-300}))")
 for kind in dflash dspark; do
   timeout "$LIMIT" python3 -m specgen train --kind "$kind" --data "$DATA" \
     --out "$BUILD/$kind" --block-size 8 --target-layers "$LAYERS" \
-    --init "src/specgen/drafters/smollm2-135m-$kind" --lr "$LR" --minutes "$MINUTES" \
+    --init "src/specgen/assets/drafters/smollm2-135m-$kind" --lr "$LR" --minutes "$MINUTES" \
     --sequences-per-step "$SEQS" --anchors-per-sequence "$ANCHORS" --eval-minutes "$EVAL" \
     --device "$DEVICE" > "$OUT/train-$kind.log" 2>&1 &
 done

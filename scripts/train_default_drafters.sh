@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the drafters shipped for the embedded default (src/specgen/drafters/) are made.
+# How the drafters shipped for the embedded default (src/specgen/assets/drafters/) are made.
 #
 #   bash scripts/train_default_drafters.sh [MINUTES_PER_DRAFTER] [DEVICE]
 #   WARM=1 LR=5e-4 bash scripts/train_default_drafters.sh 50   # train the shipped ones on
@@ -50,7 +50,7 @@ specgen train --kind dspark --data "$DATA" --out "$BUILD/features" --block-size 
 # after the other, with neither's curve squeezed into half the wall time)
 for kind in dflash dspark; do
   INIT=random
-  [[ "${WARM:-0}" == 1 ]] && INIT=src/specgen/drafters/smollm2-135m-$kind
+  [[ "${WARM:-0}" == 1 ]] && INIT=src/specgen/assets/drafters/smollm2-135m-$kind
   OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 specgen train --kind "$kind" --data "$DATA" \
     --out "$BUILD/$kind" --block-size 8 --target-layers 1,7,14,21,27 --init "$INIT" \
     --lr "$LR" --minutes "$MINUTES" --device "$DEVICE" --resume &
@@ -59,9 +59,9 @@ wait
 specgen calibrate --prompts "$RESERVE" --drafter "$BUILD/dspark" \
   --max-new-tokens 96 --device "$DEVICE"
 for kind in dflash dspark; do
-  dest=src/specgen/drafters/smollm2-135m-$kind
+  dest=src/specgen/assets/drafters/smollm2-135m-$kind
   mkdir -p "$dest"
   cp "$BUILD/$kind"/{config.json,model.safetensors,training.json,draft_vocab.json} "$dest/"
   [[ -f "$BUILD/$kind/calibration.json" ]] && cp "$BUILD/$kind/calibration.json" "$dest/"
 done
-echo "shipped: src/specgen/drafters/smollm2-135m-{dflash,dspark}"
+echo "shipped: src/specgen/assets/drafters/smollm2-135m-{dflash,dspark}"

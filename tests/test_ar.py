@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES
-from specgen.config import SamplingParams
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams
+from specgen.core.errors import PromptError
 from specgen.engine.ar import generate_ar
-from specgen.errors import PromptError
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from support.targets import FAMILIES
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11]
 GREEDY = SamplingParams()

@@ -14,7 +14,6 @@ import socket
 import httpx
 import pytest
 from rich.console import Console
-from serve_helpers import CPU, Server
 from typer.testing import CliRunner
 
 from specgen.bench.endpoint import EndpointClient, base_url, default_name
@@ -22,9 +21,13 @@ from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import acceptance_lines, results_table, summarize
 from specgen.bench.stream import SSEDecoder, collect, served_stats
 from specgen.cli import app
-from specgen.config import SamplingParams
-from specgen.errors import SpecgenError
-from specgen.stats import GenStats
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
+from specgen.core.stats import GenStats
+from support.serve import CPU, Server
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 runner = CliRunner()
 KEY = "bench-key"
@@ -495,10 +498,10 @@ def test_endpoints_alone_in_the_harness_keep_the_median_time():
 
 
 def test_a_served_text_that_differs_from_ar_s_names_the_token(tiny_llama):
+    from specgen.api.pipeline import Pipeline
     from specgen.bench.harness import _text_divergence, run_bench
     from specgen.bench.stream import Answer
     from specgen.bench.suites import BenchPrompt
-    from specgen.pipeline import Pipeline
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     want = ar.generate("The quick brown fox", max_new_tokens=10).token_ids

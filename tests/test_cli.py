@@ -7,27 +7,11 @@ import shutil
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from specgen.cli import app
+from support.cli import FAST, assert_one_line_error, run
 
-runner = CliRunner()
-FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
-
-
-def run(*args, input=None):
-    return runner.invoke(app, list(args), input=input)
-
-
-def assert_one_line_error(result, code, *fragments):
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()  # status lines may come before the error
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    assert "Traceback" not in result.stderr
-
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 # --- what works -------------------------------------------------------------------------
 
@@ -234,6 +218,8 @@ def test_pull_unknown_alias_and_offline(monkeypatch):
     assert_one_line_error(run("pull", "gpt-9"), 2, "unknown model")
     result = run("pull", "qwen3-4b", "--no-drafters")  # HF_HUB_OFFLINE=1 in tests
     assert result.exit_code == 2 and "HF_HUB_OFFLINE" in result.stderr.splitlines()[-1]
+    # what to do, not "run specgen pull" again: the command being run is that one
+    assert "unset HF_HUB_OFFLINE" in result.stderr and "specgen pull" not in result.stderr
 
 
 # --- Ctrl-C mid-answer -------------------------------------------------------------------
@@ -241,7 +227,7 @@ def test_pull_unknown_alias_and_offline(monkeypatch):
 
 def _interrupt_after(monkeypatch, chunks_before_interrupt):
     """Make the next stream raise KeyboardInterrupt (as Ctrl-C does) after some chunks."""
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     real = Pipeline.stream_ids
     state = {"armed": True}
@@ -364,7 +350,7 @@ def test_calibrate_writes_beside_the_drafter_and_is_used(tiny_qwen3_deep, tiny_d
 
 
 def test_calibrate_refuses_a_drafter_without_confidence_head(tiny_qwen3_deep, tmp_path):
-    from conftest import save_tiny_dspark
+    from support.drafters import save_tiny_dspark
 
     drafter = save_tiny_dspark(tmp_path / "plain", rank=0, confidence=False)
     prompts = tmp_path / "p.txt"

@@ -12,7 +12,10 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.stats import GenStats
+from specgen.core.stats import GenStats
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
@@ -70,7 +73,7 @@ def test_help_says_what_each_command_does_with_the_shared_options():
 
 def test_shared_options_default_to_the_librarys_and_are_picked_by_group():
     from specgen.cli.options import DEFAULTS, GROUPS, run_options
-    from specgen.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
+    from specgen.core.config import DEFAULT_MAX_NEW_TOKENS, SamplingParams, SpecConfig
     from specgen.serve.openai_api import Defaults
 
     sampling, spec = SamplingParams(), SpecConfig()
@@ -169,7 +172,7 @@ def test_public_suite_unreachable_is_one_line(monkeypatch, capfd, tmp_path):
     assert result.exit_code == 2
     assert stderr.strip().splitlines() == [
         "error: HuggingFaceH4/mt_bench_prompts is not cached and the Hugging Face Hub cannot "
-        "be reached; run the same command once online"
+        "be reached: check the network (or a proxy, HF_ENDPOINT) and try again"
     ]
 
 
@@ -194,13 +197,42 @@ def test_bad_lines_in_a_prompt_file_are_reported_in_place(tiny_llama, tmp_path):
     assert plain.exit_code == 2 and errors(plain) == lines and plain.stdout.strip()
 
 
+def test_a_line_of_several_turns_is_answered_as_one_conversation(tiny_llama, tmp_path):
+    """Spec-Bench's MT-Bench lines carry two turns: the second is answered after the first
+    and its answer (never dropped), each turn's record saying which turn it is."""
+    from specgen.api.pipeline import Pipeline
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["first question", "and a second one"]}\n{"prompt": "alone"}\n')
+    args = ["generate", "-f", str(prompts), "--model", str(tiny_llama), *FAST]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r.get("turn"), r["prompt"]) for r in records] == [
+        (1, "first question"), (2, "and a second one"), (None, "alone")
+    ]
+    # the second turn's prompt is the whole conversation: the first turn and its answer
+    pipe = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
+    conversation = [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": records[0]["text"]},
+        {"role": "user", "content": "and a second one"},
+    ]
+    again = pipe.generate(conversation, max_new_tokens=6)
+    assert records[1]["token_ids"] == again.token_ids
+    assert records[1]["stats"]["prompt_tokens"] == len(pipe.encode(conversation))
+    raw = run(*args, "--json", "--raw")  # no chat template: no conversation to hold them
+    assert raw.exit_code == 2 and "has 2 turns: --raw answers one prompt" in errors(raw)[0]
+    assert [json.loads(line)["prompt"] for line in raw.stdout.splitlines()][-1] == "alone"
+
+
 # --- scripted chat: the context filling up, separators -------------------------------------
 
 
 def _fake_answers(monkeypatch, limit: int) -> list[int]:
     """Every answer is "ANSWER"; a prompt over `limit` tokens fails as a full context does."""
-    from specgen.models.kv_cache import ContextLimitError
-    from specgen.pipeline import Chunk, Pipeline
+    from specgen.api.pipeline import Chunk, Pipeline
+    from specgen.models.cache.kv import ContextLimitError
 
     seen: list[int] = []
 
@@ -219,7 +251,7 @@ def _fake_answers(monkeypatch, limit: int) -> list[int]:
 @pytest.fixture
 def one_turn_limit(tiny_llama) -> int:
     """A context that holds any one short turn but not two."""
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
     pipe = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     return max(len(pipe.encode([{"role": "user", "content": t}])) for t in ("one", "two")) + 2

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specgen.config import SamplingParams
-from specgen.errors import CheckpointError, SpecgenError
+from specgen.core.config import SamplingParams
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.models.families import model_args
 
 # Real config.json files of the Qwen3 targets and the public drafters (see README there).

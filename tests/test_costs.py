@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
-from specgen.config import SpecConfig
+from specgen.core.config import SpecConfig
+from specgen.core.stats import GenStats
 from specgen.engine.costs import CHECK_STEPS, DRIFT, CostCheck
-from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.stats import GenStats
 
 runner = CliRunner()
 
@@ -37,7 +37,25 @@ def test_a_table_is_judged_after_enough_steps_and_only_when_far_off():
     assert CostCheck().stale(_stats(CHECK_STEPS, 0.002), table) == pytest.approx(0.1)
 
 
-def test_a_stale_table_is_measured_again_and_decides_from_then_on(tiny_qwen3_deep, tiny_dflash):
+class FakeClock:
+    """A clock that moves 1 ms each time it is read: every step and every measured block
+    then takes the same time whatever else the machine is doing."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1e-3
+        return self.t
+
+
+def test_a_stale_table_is_measured_again_and_decides_from_then_on(
+    tiny_qwen3_deep, tiny_dflash, monkeypatch, tmp_path
+):
+    from specgen.core import clock
+
+    monkeypatch.setattr(clock, "now", FakeClock())
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path))  # measured here, on the fake clock
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     notes: list[str] = []
     spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import torch
 from specgen.kernels.packed import kernel_isa, packed_linear_cpu
-from specgen.models.packed import quantize
+from specgen.models.formats.packed_matrix import quantize
 m = quantize(torch.randn(40, 256), 4, 32)
 x = torch.randn(3, 256)
 assert torch.allclose(packed_linear_cpu(x, m, act="fp32"), x @ m.dequantize().T, atol=1e-4)
@@ -26,7 +26,10 @@ assert (packed_linear_cpu(x, m, act="q8") - x @ m.dequantize().T).abs().max() < 
 print(kernel_isa())
 """
 
-pytestmark = pytest.mark.skipif(cpu_build.compiler() is None, reason="no C compiler")
+pytestmark = [
+    pytest.mark.integration,  # compiles every variant, runs subprocesses
+    pytest.mark.skipif(cpu_build.compiler() is None, reason="no C compiler"),
+]
 
 
 def installed(tmp_path: Path) -> Path:

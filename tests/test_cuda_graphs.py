@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.kernels.block_attention import block_attention_masked, block_attention_torch
-from specgen.models.graphs import GraphedForward
+from specgen.models.graphs import GREEDY, GraphedForward
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 
 
 @pytest.mark.parametrize("window", [None, 5])
@@ -110,7 +110,7 @@ def test_static_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash, tiny_ds
     pipe = ar.with_spec(spec)
     assert not pipe.method.cuda_graphs  # CPU: eager
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = static.drafter.static_draft(capture=False)
+    static.drafter.steps = static.drafter.steps.uncaptured()
     for prompt in ("The quick brown fox", "one two one two one two"):
         want = pipe.generate(prompt, max_new_tokens=30, session=eager)
         got = pipe.generate(prompt, max_new_tokens=30, session=static)
@@ -118,7 +118,7 @@ def test_static_draft_step_drafts_the_same(tiny_qwen3_deep, tiny_dflash, tiny_ds
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
         for a, b in zip(got.stats.trace, want.stats.trace, strict=True):  # DSpark's c_j
             assert a.get("confidence") == pytest.approx(b.get("confidence"), abs=1e-5)
-    assert static.drafter.static._replay is not None  # the static step really drafted
+    assert static.drafter.steps.step(GREEDY)._replay is not None  # the static step really drafted
 
 
 def test_sampled_dspark_draft_step_has_fixed_shapes(tiny_qwen3_deep, tiny_dspark):
@@ -129,7 +129,7 @@ def test_sampled_dspark_draft_step_has_fixed_shapes(tiny_qwen3_deep, tiny_dspark
     spec = SpecConfig(method="dspark", drafter=str(tiny_dspark), verify_policy="full", trace=True)
     pipe = ar.with_spec(spec)
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = static.drafter.static_draft(capture=False)
+    static.drafter.steps = static.drafter.steps.uncaptured()
     for seed, top_p in ((1, 1.0), (2, 0.9)):
         params = SamplingParams(temperature=0.8, top_k=30, top_p=top_p, seed=seed)
         kw = dict(sampling=params, max_new_tokens=24)
@@ -137,7 +137,7 @@ def test_sampled_dspark_draft_step_has_fixed_shapes(tiny_qwen3_deep, tiny_dspark
         got = pipe.generate("The quick brown fox", session=static, **kw)
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
-    assert len(static.drafter._sampled_steps) == 2  # one step per filter setting
+    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2  # one step per filter setting
 
 
 def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monkeypatch):
@@ -152,12 +152,12 @@ def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monk
     pipe = ar.with_spec(spec)
     want = pipe.generate("The quick brown fox", max_new_tokens=20, session=pipe.new_session())
     session = _static_session(pipe)
-    session.drafter.static = session.drafter.static_draft(capture=False)
+    session.drafter.steps = session.drafter.steps.uncaptured()
     monkeypatch.setattr(cuda_graphs.Replay, "__init__", broken)
     with pytest.warns(RuntimeWarning, match="decodes without graphs"):
         got = pipe.generate("The quick brown fox", max_new_tokens=20, session=session)
     assert got.token_ids == want.token_ids
-    assert session.forward.failed and session.drafter.static is None
+    assert session.forward.failed and not session.drafter.steps.on
 
 
 def test_a_sliding_window_drafter_drafts_the_same_with_fixed_shapes(
@@ -165,7 +165,7 @@ def test_a_sliding_window_drafter_drafts_the_same_with_fixed_shapes(
 ):
     """A drafter with sliding-window layers: its fixed-shape draft step (graph-capturable)
     and the resident loop built on it draft and decode as the eager drafter does."""
-    from conftest import save_tiny_dflash
+    from support.drafters import save_tiny_dflash
 
     drafter = save_tiny_dflash(
         tmp_path / "sliding",
@@ -178,7 +178,7 @@ def test_a_sliding_window_drafter_drafts_the_same_with_fixed_shapes(
     pipe = ar.with_spec(spec)
     assert pipe.method.net.args.windows[0] == 4
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = static.drafter.static_draft(capture=False)
+    static.drafter.steps = static.drafter.steps.uncaptured()
     prompt = "one two three four five six seven"  # a context longer than the window
     want = pipe.generate(prompt, max_new_tokens=24, session=eager)
     got = pipe.generate(prompt, max_new_tokens=24, session=static)

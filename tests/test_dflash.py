@@ -7,14 +7,20 @@ import json
 import pytest
 import torch
 
-from conftest import FIXTURES, TINY_VOCAB, save_tiny_dflash
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.models.dflash import DFlashArgs, build_target_layer_ids, check_pair, load_dflash
-from specgen.models.dflash_reference import reference_block_hidden
+from oracles.dflash import reference_block_hidden
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError, SpecgenError
+from specgen.models.drafters.dflash import (
+    DFlashArgs,
+    build_target_layer_ids,
+    check_pair,
+    load_dflash,
+)
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from support.drafters import save_tiny_dflash
+from support.targets import FIXTURES, TINY_VOCAB
 
 
 def _json(name):
@@ -173,9 +179,10 @@ def test_no_known_drafter_for_a_plain_path(tiny_qwen3_deep):
         Pipeline.load(str(tiny_qwen3_deep), device="cpu", spec=SpecConfig(method="dflash"))
 
 
+@pytest.mark.statistical
 def test_sampling_through_dflash_has_the_target_distribution(pipes, target):
     """The second generated token's empirical distribution converges to the exact one."""
-    from conftest import second_token_tv
+    from support.statistics import second_token_tv
 
     tv, far = second_token_tv(pipes[1], target)
     assert tv < 0.06 and tv < far / 5, (tv, far)

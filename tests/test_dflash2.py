@@ -10,16 +10,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dflash, save_tiny_dflash2
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.errors import CheckpointError
-from specgen.models.dflash import check_pair
-from specgen.models.dflash2 import DFlash2Args, load_dflash2
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError
+from specgen.methods.dflash2.network import DFlash2Args, load_dflash2
+from specgen.models.drafters.dflash import check_pair
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.verify.sampling import make_generator, probabilities
+from support.drafters import save_tiny_dflash, save_tiny_dflash2
+from support.statistics import chi_square_pvalue
+from support.targets import FIXTURES, TINY_VOCAB
 
 FIXTURE = "dflash2-qwen3.6-27b.config.json"
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Speculative decoding drafts tokens")
@@ -117,6 +119,7 @@ def test_a_draft_vocabulary_limits_the_candidates(pipes, tiny_dflash2, tmp_path)
     assert drafted and set(drafted) <= set(allowed)
 
 
+@pytest.mark.statistical
 def test_the_sampled_walk_draws_from_the_q_it_reports(pipes, target):
     """Many walks over the same block: the first slot's draws follow q's first row (only
     the candidates have mass), and the reported q sums to 1 on the candidates."""
@@ -136,7 +139,7 @@ def test_the_sampled_walk_draws_from_the_q_it_reports(pipes, target):
     assert chi_square_pvalue(counts, q.roll(1) * 0.2 + q * 0.8) < 1e-6
 
 
-def _exact_token_distribution(target, prompt, params, position):
+def exact_token_distribution(target, prompt, params, position):
     """P(token at `position` of the answer) under the target alone (every path)."""
     paths, weights = [list(prompt)], torch.ones(1, dtype=torch.float64)
     for step in range(position + 1):
@@ -149,7 +152,7 @@ def _exact_token_distribution(target, prompt, params, position):
         paths = [paths[i] + [t] for i, t in nz.tolist()]
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_dflash2_has_the_target_distribution(pipes, target):
     """The 3rd answer token, after a step that verified a sampled chain whose second
     proposal depends on the sampled first: chi-square against the exact distribution."""
@@ -157,7 +160,7 @@ def test_sampling_through_dflash2_has_the_target_distribution(pipes, target):
     text = "The quick brown fox"
     prompt = pipe.encode(text, raw=True)
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(target, prompt, params, 2).float()
+    exact = exact_token_distribution(target, prompt, params, 2).float()
     counts = torch.zeros(TINY_VOCAB)
     session, n, verified, accepted = pipe.new_session(), 1500, 0, 0
     for seed in range(n):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.models.graphs import GREEDY
 
 PROMPTS = ("The quick brown fox", "one two one two one two")
 
@@ -27,7 +28,7 @@ def test_the_fixed_shape_step_drafts_what_the_eager_one_does(ar, tiny_dflash2):
     pipe = ar.with_spec(_spec(tiny_dflash2, trace=True))
     assert not pipe.method.cuda_graphs  # CPU: eager
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = static.drafter.static_draft(capture=False)
+    static.drafter.steps = static.drafter.steps.uncaptured()
     for prompt in PROMPTS:
         want = pipe.generate(prompt, max_new_tokens=30, session=eager)
         got = pipe.generate(prompt, max_new_tokens=30, session=static)
@@ -40,8 +41,8 @@ def test_the_fixed_shape_step_drafts_what_the_eager_one_does(ar, tiny_dflash2):
         got = pipe.generate("The quick brown fox", session=static, **kw)
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
-    assert static.drafter.static._replay is not None
-    assert len(static.drafter._sampled_steps) == 2  # one sampled step per temperature
+    assert static.drafter.steps.step(GREEDY)._replay is not None
+    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2  # one sampled step per temperature
 
 
 def test_the_resident_loop_matches_the_sync_loop(ar, tiny_dflash2, monkeypatch):

@@ -12,12 +12,14 @@ import os
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, save_tiny_dflash2
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.dflash2 import DFlash2Drafter
-from specgen.models.dflash2 import load_dflash2
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.dflash2.drafter import DFlash2Drafter
+from specgen.methods.dflash2.network import load_dflash2
+from specgen.models.graphs import GREEDY
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
+from support.drafters import save_tiny_dflash2
+from support.targets import TINY_VOCAB
 
 if importlib.util.find_spec("dflash") is None:
     if os.environ.get("SPECGEN_REQUIRE_ORACLES") == "1":
@@ -88,7 +90,7 @@ def test_greedy_drafts_equal_zlabs_token_for_token(target, tmp_path, case):
             per_slot = reference.compute_logits(hidden, head).argmax(-1)
         drafter = _drafter(target, ours, features)
         eager = drafter.propose(anchor, BLOCK - 1, SamplingParams(), None).tokens
-        static = drafter._eager_step()(anchor, CONTEXT, BLOCK - 1).tokens
+        static = drafter.steps.uncaptured()(GREEDY, anchor, CONTEXT, BLOCK - 1).tokens
         assert torch.equal(eager, static)
         same += int((eager == want).sum())
         total += want.numel()
@@ -99,7 +101,7 @@ def test_greedy_drafts_equal_zlabs_token_for_token(target, tmp_path, case):
 
 
 def _drafter(target, net, features) -> DFlash2Drafter:
-    from specgen.drafting.dflash2 import DFlash2Method
+    from specgen.methods.dflash2.drafter import DFlash2Method
 
     method = DFlash2Method(net, target, BLOCK)
     drafter = method.new_drafter(64)

@@ -12,9 +12,10 @@ import os
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.models.dflash import load_dflash
+from specgen.models.drafters.dflash import load_dflash
 from specgen.models.loading import load_target
+from support.drafters import save_tiny_dflash
+from support.targets import TINY_VOCAB
 
 if importlib.util.find_spec("dflash") is None:
     if os.environ.get("SPECGEN_REQUIRE_ORACLES") == "1":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specgen.drafting.context import MAX_PENDING, DraftContext
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 
 
 def _cache() -> StaticKVCache:

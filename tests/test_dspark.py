@@ -9,21 +9,23 @@ import shutil
 import pytest
 import torch
 
-from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.dspark import markov_draw
+from oracles.dflash import reference_block_hidden
+from oracles.dspark import reference_heads
+from specgen.api.pipeline import Pipeline
+from specgen.api.spec import load_method
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.drafting.vocab import save_draft_vocab
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.models.dflash import check_pair
-from specgen.models.dflash_reference import reference_block_hidden
-from specgen.models.dspark import DSparkArgs, load_dspark
-from specgen.models.dspark_reference import reference_heads
+from specgen.methods.dspark.drafter import markov_draw
+from specgen.methods.dspark.network import DSparkArgs, load_dspark
+from specgen.models.drafters.dflash import check_pair
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
-from specgen.spec import load_method
 from specgen.verify.sampling import make_generator, probabilities
+from support.drafters import save_tiny_dspark
+from support.statistics import chi_square_pvalue, exact_token_distribution
+from support.targets import FIXTURES, TINY_VOCAB
 
 FIXTURE = "dspark-qwen3-4b-block7.config.json"
 VARIANTS = {
@@ -244,21 +246,7 @@ def test_a_dspark_drafter_for_another_target_is_refused(tiny_qwen3_deep, tmp_pat
         _dspark(tiny_qwen3_deep, path, "full")
 
 
-def _exact_token_distribution(target, prompt, params, position):
-    """P(token at `position` of the answer) under the target alone, by enumerating every
-    path through the (top-k-limited) earlier tokens."""
-    paths, weights = [list(prompt)], torch.ones(1, dtype=torch.float64)
-    for _ in range(position + 1):
-        logits = target(torch.tensor(paths), target.new_cache(64, batch=len(paths))).logits
-        p = probabilities(logits[:, -1], params).double()  # [paths, V]
-        if _ == position:
-            return weights @ p
-        nz = p.nonzero()
-        weights = weights[nz[:, 0]] * p[nz[:, 0], nz[:, 1]]
-        paths = [paths[i] + [t] for i, t in nz.tolist()]
-
-
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "policy,vocab", [("full", False), ("threshold=0.08", False), ("cost", False), ("full", True)]
 )
@@ -285,7 +273,7 @@ def test_sampling_through_dspark_has_the_target_distribution(
     text = "The quick brown fox"
     prompt = pipe.encode(text, raw=True)
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(target, prompt, params, 2).float()
+    exact = exact_token_distribution(target, prompt, params, 2).float()
     counts = torch.zeros(TINY_VOCAB)
     session, n, verified = pipe.new_session(), 1500, 0
     for seed in range(n):

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from conftest import chi_square_pvalue
-from specgen.config import SamplingParams, VerifyPolicy
-from specgen.draft import Draft
-from specgen.drafting.calibration import (
+from specgen.core.config import SamplingParams, VerifyPolicy
+from specgen.core.draft import Draft
+from specgen.core.errors import CheckpointError, SpecgenError
+from specgen.methods.dspark.calibration import (
     Calibration,
     Step,
     ece,
@@ -19,7 +19,6 @@ from specgen.drafting.calibration import (
     load_calibration,
     save_calibration,
 )
-from specgen.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.scheduling.verify_length import (
@@ -28,6 +27,7 @@ from specgen.scheduling.verify_length import (
     threshold_length,
 )
 from specgen.verify import verify_draft
+from support.statistics import chi_square_pvalue
 
 
 def test_no_verification_when_drafting_does_not_pay():
@@ -128,6 +128,7 @@ def _first_tokens(rule, n, seed):
     return counts
 
 
+@pytest.mark.statistical
 def test_the_papers_counterexample_biases_an_anticipating_rule_but_not_ours():
     n = 4000
     ours = _first_tokens("ours", n, seed=0)

@@ -5,40 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
 
-from conftest import FAMILIES, TINY_VOCAB
-from specgen.config import SamplingParams, SpecConfig
-from specgen.models.eagle3_config import Eagle3Args
-from specgen.models.eagle3_reference import Reference
-from specgen.pipeline import Pipeline
+from oracles.eagle3 import Reference
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.eagle3.config import Eagle3Args
+from support.eagle3 import TARGET_LAYERS, VARIANTS, save_eagle3, save_target
+from support.targets import FAMILIES, TINY_VOCAB
 
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Speculative decoding drafts tokens")
-
-# (layout, save_eagle3 arguments): every layout, and the options each one's configs carry
-VARIANTS = {
-    "specforge": ("specforge", {}),
-    "specforge-explicit-taps": ("specforge", {"taps": [1, 4, 6]}),
-    "specforge-fc-norm-raw-logits": (
-        "specforge",
-        {"options": {"fc_norm": True, "norm_output": False}},
-    ),
-    "speculators": ("speculators", {}),
-    "speculators-qwen3-2-layers": (
-        "speculators",
-        {
-            "layers": 2,
-            "taps": [2, 5, 7],
-            "options": {"model_type": "qwen3", "norm_before_residual": True},
-        },
-    ),
-    "speculators-eagle3.1": (
-        "speculators",
-        {"options": {"norm_output": True, "norm_before_fc": True}},
-    ),
-    "deepspec": ("deepspec", {}),
-    "deepspec-2-layers": ("deepspec", {"layers": 2, "taps": [0, 2, 3, 5, 6]}),
-}
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +207,7 @@ def test_uneven_commits_and_rollbacks_equal_the_reference(tmp_path, target_dir, 
 def _real(name):
     import json
 
-    from conftest import FIXTURES
+    from support.targets import FIXTURES
 
     return json.loads((FIXTURES / name).read_text())
 
@@ -265,8 +240,8 @@ def _public_config(layout, size):
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "deepspec"])
 @pytest.mark.parametrize("size", ["4b", "8b"])
 def test_public_shaped_configs_pair_with_their_targets(layout, size):
-    from specgen.errors import CheckpointError
-    from specgen.models.eagle3_config import check_pair
+    from specgen.core.errors import CheckpointError
+    from specgen.methods.eagle3.config import check_pair
     from specgen.models.families import model_args
 
     target = model_args(_real(f"qwen3-{size}.config.json"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from eagle3_helpers import save_eagle3
-from test_embedded import _questions
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from support.eagle3 import save_eagle3
+from support.embedded import spec_bench_questions
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_eagle3_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, layout)
     path = save_eagle3(tmp_path / layout, layout, draft_vocab=8000, dims=SMOLLM2, scale=0.05)
     eagle3 = pipe.with_spec(SpecConfig(method="eagle3", drafter=str(path), verify_policy="full"))
     assert eagle3.method.net.args.taps == (1, 14, 26)  # entering 2, 15, 27 of 30 layers
-    for question in _questions({81, 121, 321}):
+    for question in spec_bench_questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = eagle3.generate(question, max_new_tokens=24, session=eagle3.new_session())
         assert got.token_ids == want.token_ids
@@ -46,7 +46,7 @@ def test_the_shipped_eagle3_drafter_is_exact_and_accepted(pipe):
         SpecConfig(drafter=(*drafters, "specgen:smollm2-135m-eagle3"), verify_policy="full")
     )
     assert stacked.drafters == ("dflash", "dspark", "eagle3")
-    for question in _questions({81, 121}):
+    for question in spec_bench_questions({81, 121}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = eagle3.generate(question, max_new_tokens=24, session=eagle3.new_session())
         assert got.token_ids == want.token_ids

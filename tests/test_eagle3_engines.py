@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import TARGET_LAYERS, save_eagle3, save_target
-from test_eagle3 import VARIANTS
 
-from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.stacked import StackedDrafter
-from specgen.models.eagle3_reference import Reference
-from specgen.pipeline import Pipeline
+from oracles.eagle3 import Reference
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.eagle3.drafter import CHAINS
+from specgen.methods.stacked.drafter import StackedDrafter
 from specgen.verify.sampling import probabilities
+from support.eagle3 import TARGET_LAYERS, VARIANTS, save_eagle3, save_target
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 PROMPTS = ("The quick brown fox", "one two one two one two")  # the second: a chat turn
 SAMPLED = SamplingParams(temperature=1.5, top_k=100, seed=4)  # broad: drafts are accepted
@@ -81,7 +82,7 @@ def test_the_fixed_shape_chain_drafts_what_the_eager_one_does(ar, drafters, vari
     pipe = _pipe(ar, drafters[variant], trace=True)
     assert not pipe.method.cuda_graphs  # CPU: eager
     eager, static = pipe.new_session(), pipe.new_session()
-    static.drafter.static = static.drafter.static_steps(capture=False)
+    static.drafter.steps = static.drafter.steps.uncaptured()
     for prompt in PROMPTS:
         want = pipe.generate(prompt, max_new_tokens=30, session=eager)
         got = pipe.generate(prompt, max_new_tokens=30, session=static)
@@ -95,7 +96,7 @@ def test_the_fixed_shape_chain_drafts_what_the_eager_one_does(ar, drafters, vari
         assert got.token_ids == want.token_ids
         assert _drafts(got) == _drafts(want)
     # the fixed-shape chains drafted: one per length and sampling setting
-    settings = {setting for _, setting in static.drafter.static._steps}
+    settings = {setting for _, setting in static.drafter.steps.step(CHAINS)._steps}
     assert settings == {None, (0.8, 30, 1.0), (1.3, 30, 1.0)}
     _same_entries(static.drafter, eager.drafter)
 
@@ -281,6 +282,7 @@ def test_a_sampled_chain_hands_over_the_distributions_it_drew_from(
     assert len(chains) > 1  # sampled, not a point mass
 
 
+@pytest.mark.statistical
 def test_a_sampled_first_draft_is_a_draw_from_its_q(ar, drafters):
     pipe = _pipe(ar, drafters["specforge"])
     drafter = pipe.method.new_drafter(64)
@@ -295,20 +297,20 @@ def test_a_sampled_first_draft_is_a_draw_from_its_q(ar, drafters):
     assert chi_square_pvalue(counts, q.roll(1) * 0.3 + q * 0.7) < 1e-6  # the test can tell
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("engine", ["sync", "resident"])
 def test_sampling_through_sampled_chains_has_the_target_distribution(
     ar, drafters, engine, monkeypatch
 ):
     """The 5th answer token (a third or later step's), with chains drawn at T = 1."""
-    from test_dspark import _exact_token_distribution
+    from support.statistics import exact_token_distribution
 
     if engine == "resident":
         monkeypatch.setattr(Pipeline, "resident_steps", property(lambda self: True))
     pipe = _pipe(ar, drafters["specforge"])
     text = "The quick brown fox"
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(pipe.model, pipe.encode(text, raw=True), params, 4)
+    exact = exact_token_distribution(pipe.model, pipe.encode(text, raw=True), params, 4)
     counts, session, n, accepted = torch.zeros(TINY_VOCAB), pipe.new_session(), 1500, 0
     for seed in range(n):
         sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)

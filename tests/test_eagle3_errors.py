@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import H, save_eagle3, save_target
-from test_cli import FAST, assert_one_line_error, run
 
-from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError
+from support.cli import FAST, assert_one_line_error, run
+from support.drafters import save_tiny_dflash
+from support.eagle3 import H, save_eagle3, save_target
+from support.targets import TINY_VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def test_mismatched_drafters_fail_naming_both(tmp_path, target_dir, layout, kwar
         message = r"vocabulary 640 vs 320"
     else:
         path = save_eagle3(tmp_path / "d", layout, target=target_dir, **kwargs)
-    from specgen.models.eagle3 import load_eagle3
+    from specgen.methods.eagle3.network import load_eagle3
     from specgen.models.loading import load_target
 
     target = load_target(target_dir, dtype=torch.float32, device="cpu")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import shlex
 
-from eagle3_helpers import save_eagle3
 from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.export import launch_command, notes, resolve_target
 from specgen.registry import MODELS
+from support.eagle3 import save_eagle3
 
 
 def test_registry_pairs_the_public_eagle3_drafters():
@@ -57,7 +57,7 @@ def test_sglang_eagle3_is_a_top1_chain():
 
 
 def test_local_deepspec_chain_is_read_from_ttt_length(tmp_path):
-    from eagle3_helpers import save_target
+    from support.eagle3 import save_target
 
     target = save_target(tmp_path / "t")
     drafter = save_eagle3(tmp_path / "d", "deepspec", target=target, edit={"ttt_length": 4})

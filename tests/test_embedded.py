@@ -10,23 +10,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from specgen.pipeline import Pipeline
-from specgen.text import Detokenizer
+from specgen.api.pipeline import Pipeline
+from specgen.text.codec import Detokenizer
+from support.embedded import spec_bench_questions
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "spec_bench_sample.jsonl"
 NEW_TOKENS = 32
-
-
-def _questions(ids):
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
-    return [r["turns"][0] for r in rows if r["question_id"] in ids]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +42,7 @@ def test_the_alias_resolves_to_the_embedded_gguf(pipe):
     assert pipe.name == "smollm2-135m" and pipe.model.args.num_layers == 30
 
 
-@pytest.mark.parametrize("question", _questions({111, 121, 321}))
+@pytest.mark.parametrize("question", spec_bench_questions({111, 121, 321}))
 def test_greedy_tokens_identical_to_transformers_generate(pipe, reference, question):
     model, tokenizer = reference
     messages = [{"role": "user", "content": question}]
@@ -123,14 +117,14 @@ def _steps(pipe, prompt, max_new_tokens):
 
 
 def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
-    from specgen.config import SpecConfig
-    from specgen.spec import load_method
+    from specgen.api.spec import load_method
+    from specgen.core.config import SpecConfig
 
     # whole drafts verified (no scheduler): the most acceptance paths exercised
     spec = SpecConfig(method="ngram")
     method = load_method(pipe.model, spec, pipe.name)
     ngram = Pipeline(pipe.model, pipe.codec, pipe.name, pipe.context, spec, method=method)
-    prompts = _questions(set(range(0, 1000))) + REPEATS
+    prompts = spec_bench_questions(set(range(0, 1000))) + REPEATS
     assert len(prompts) >= 10
     endings = set()
     for prompt in prompts:
@@ -147,8 +141,8 @@ def test_ngram_is_token_identical_to_ar_on_the_default_model(pipe):
 def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
     """A random z-lab-format drafter for the default model: almost nothing is accepted,
     and the output must still be token-for-token the AR output."""
-    from conftest import save_tiny_dflash
-    from specgen.config import SpecConfig
+    from specgen.core.config import SpecConfig
+    from support.drafters import save_tiny_dflash
 
     path = save_tiny_dflash(
         tmp_path / "dflash",
@@ -166,7 +160,7 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
     spec = SpecConfig(method="dflash", drafter=str(path), verify_policy="full")
     dflash = pipe.with_spec(spec)
     assert dflash.method.net.args.target_layer_ids == (15,)  # derived: one layer -> the middle
-    for question in _questions({81, 121, 321}):
+    for question in spec_bench_questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = dflash.generate(question, max_new_tokens=24, session=dflash.new_session())
         assert got.token_ids == want.token_ids
@@ -176,8 +170,8 @@ def test_dflash_with_an_untrained_drafter_is_still_exact(pipe, tmp_path):
 @pytest.mark.parametrize("policy", ["full", "threshold=0.3"])
 def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy):
     """A random DeepSpec-format drafter (Markov + confidence heads) for the default model."""
-    from conftest import save_tiny_dspark
-    from specgen.config import SpecConfig
+    from specgen.core.config import SpecConfig
+    from support.drafters import save_tiny_dspark
 
     path = save_tiny_dspark(
         tmp_path / "dspark",
@@ -194,7 +188,7 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
     )
     spec = SpecConfig(method="dspark", drafter=str(path), verify_policy=policy)
     dspark = pipe.with_spec(spec)
-    for question in _questions({81, 121, 321}):
+    for question in spec_bench_questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=24, session=pipe.new_session())
         got = dspark.generate(question, max_new_tokens=24, session=dspark.new_session())
         assert got.token_ids == want.token_ids
@@ -207,12 +201,12 @@ def test_dspark_with_an_untrained_drafter_is_still_exact(pipe, tmp_path, policy)
 def test_shipped_drafters_are_exact_and_accept_drafts(pipe, method):
     """The drafters specgen trained for the default model ship in the package: they load
     from the registry with no --drafter, offline, and decode token for token like AR."""
-    from specgen.config import SpecConfig
+    from specgen.core.config import SpecConfig
 
     spec = SpecConfig(method=method, verify_policy="full")
     spec_pipe = pipe.with_spec(spec)
     accepted = 0
-    for question in _questions({81, 121, 321}):
+    for question in spec_bench_questions({81, 121, 321}):
         want = pipe.generate(question, max_new_tokens=48, session=pipe.new_session())
         got = spec_pipe.generate(question, max_new_tokens=48, session=spec_pipe.new_session())
         assert got.token_ids == want.token_ids

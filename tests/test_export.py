@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.export import bench_command, launch_command, notes, resolve_target
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""The fused CPU pass (models/fused_cpu.py, kernels/cpu/decoder.c) on packed targets: the
+"""The fused CPU pass (models/fused/cpu_pass.py, kernels/cpu/decoder.c) on packed targets: the
 model it computes (against a float64 oracle, as accurately as the eager layers), rows that
 never depend on the rows or threads beside them, and the targets it must leave to the
 eager layers."""
@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packed_helpers import write_tiny_gguf
-from test_packed_methods import MIXES, wide_qwen2  # noqa: F401  (a fixture)
 
 from specgen.kernels.packed import cpu_library
-from specgen.models.fused_cpu import FusedPass
+from specgen.models.formats.weights import convert_weights
+from specgen.models.fused.cpu_pass import FusedPass
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.weights import convert_weights
+from support.packed import LLAMA_MIXES, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(cpu_library() is None, reason="no C compiler")
 
@@ -34,12 +33,12 @@ def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])
-@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("mix", list(LLAMA_MIXES))
 def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path, family, mix,
                                                  monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself (q8: below)
     hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
-    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")  # the file's model
     tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -67,7 +66,7 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path
 def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3_deep, tmp_path,
                                                                       mix, act, monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
-    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES[mix])
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
     taps = tuple(range(model.args.num_layers))
@@ -97,10 +96,11 @@ def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(wide_qw
     kernel; norms, RoPE and attention differ by fp32 rounding, which can move an input across
     a rounding step now and then), much nearer each other than either is to the file's
     model, which is itself within what 8-bit rows cost."""
-    oracle_dir = write_tiny_gguf(wide_qwen2, tmp_path / "t.gguf", MIXES[mix])
+    oracle_dir = write_tiny_gguf(wide_qwen2, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", wide_qwen2, dtype=torch.float32, device="cpu")
     exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")
-    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=gen)
     splits = (16, 1, 4, 3)
     want, _ = run(exact, tokens, splits, fused=False, monkeypatch=monkeypatch)
     monkeypatch.setenv("SPECGEN_CPU_ACT", "q8")
@@ -118,7 +118,7 @@ def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(wide_qw
 
 def test_targets_it_cannot_run_go_through_the_eager_layers(tiny_dirs, tmp_path, monkeypatch):
     hf = tiny_dirs["qwen3"]
-    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q4_1"])
+    write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     dense = load_dense(hf, dtype=torch.float32, device="cpu")
     assert FusedPass.of(packed) is not None
@@ -142,6 +142,33 @@ def test_targets_it_cannot_run_go_through_the_eager_layers(tiny_dirs, tmp_path, 
         torch.testing.assert_close(fused, eager, atol=1e-4, rtol=1e-4)
 
 
+def test_the_pass_runs_only_the_options_it_names(tiny_dirs, tmp_path, monkeypatch):
+    """An allow-list: every ModelArgs field is named in OPTIONS, an option the pass does
+    not compute keeps the model off it, and so does any field nobody named (a new option,
+    a new family's) and a family that does not declare `fused_cpu`."""
+    import dataclasses
+
+    from specgen.core.config import ModelArgs
+    from specgen.models.family import family_of
+    from specgen.models.fused import cpu_pass
+
+    assert {f.name for f in dataclasses.fields(ModelArgs)} == set(cpu_pass.OPTIONS)
+    hf = tiny_dirs["qwen3"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    args = packed.args
+    assert cpu_pass.runnable(packed)
+    for change in (dict(norm_offset=True), dict(logit_softcap=30.0), dict(rotary_dim=2),
+                   dict(attn_output_gate=True), dict(embed_scale=8.0)):  # fmt: skip
+        assert not cpu_pass.options_runnable(dataclasses.replace(args, **change)), change
+    unnamed = {k: v for k, v in cpu_pass.OPTIONS.items() if k != "qk_norm"}
+    monkeypatch.setattr(cpu_pass, "OPTIONS", unnamed)
+    assert not cpu_pass.runnable(packed)
+    monkeypatch.setattr(cpu_pass, "OPTIONS", {**unnamed, "qk_norm": cpu_pass._any})
+    monkeypatch.setattr(type(family_of(args)), "fused_cpu", False)
+    assert not cpu_pass.runnable(packed)
+
+
 def test_the_pass_follows_weights_that_change(tiny_dirs, monkeypatch):
     hf = tiny_dirs["llama"]
     model = load_dense(hf, dtype=torch.float32, device="cpu")
@@ -160,10 +187,10 @@ def test_the_pass_follows_weights_that_change(tiny_dirs, monkeypatch):
 
 
 def test_the_context_limit_is_refused_before_anything_is_written(tiny_dirs, tmp_path):
-    from specgen.models.kv_cache import ContextLimitError
+    from specgen.models.cache.kv import ContextLimitError
 
     hf = tiny_dirs["qwen3"]
-    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q8_0"])
+    write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q8_0"])
     model = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     cache = model.new_cache(8)
     model(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import random
 
 import torch
-from packed_helpers import write_tiny_gguf
-from test_packed_families import MIXES
 
-from specgen.models.fused_cpu import FusedPass
-from specgen.models.fused_threads import FIRST_PROBE, LAST_PROBE, ThreadTuner, candidates
+from specgen.models.fused.cpu_pass import FusedPass
+from specgen.models.fused.threads import FIRST_PROBE, LAST_PROBE, ThreadTuner, candidates
 from specgen.models.loading import load_gguf_target
+from support.packed import FAMILY_MIXES, write_tiny_gguf
 
 
 def drive(tuner, calls, cost, rows=1, most=2):
@@ -73,7 +72,7 @@ def test_kinds_of_call_are_tuned_apart_and_a_new_thread_limit_starts_over():
 
 
 def test_the_answer_never_depends_on_the_counts_chosen(tiny_qwen3_deep, tmp_path):
-    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES["q4_1"])
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", FAMILY_MIXES["q4_1"])
     model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     tokens = torch.randint(0, model.args.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
     fused = FusedPass.of(model)

@@ -18,20 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, save_tiny_gemma4
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
-from specgen.config import FULL, SLIDING
-from specgen.errors import CheckpointError
+from specgen.core.config import FULL, SLIDING
+from specgen.core.errors import CheckpointError
 from specgen.models import loading
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.families import model_args
 from specgen.models.graphs import GraphedForward
-from specgen.models.kv_cache import StaticKVCache
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer, attention_mask
-from specgen.pipeline import Pipeline
+from support.cli import assert_one_line_error
+from support.targets import TINY_VOCAB, save_tiny_gemma4
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # fp32: the same ops in another order (logits; taps: see `assert_tap_close`)
@@ -75,7 +75,7 @@ def _ids(n: int, seed: int) -> torch.Tensor:
 
 def test_layer_kinds_shapes_and_cache_slots(pair):
     variant, _, ours = pair
-    g = ours.args.gemma
+    g = ours.args.layout
     assert g.layer_types == (SLIDING, SLIDING, FULL) * 2 and g.sliding_window == 4
     assert g.head_dims == (16, 16, 32) * 2 and ours.args.logit_softcap == 10.0
     assert ours.args.embed_scale == 8.0 and g.global_rope.kind == "proportional"
@@ -281,7 +281,7 @@ def test_published_configs_parse_and_build(size, hidden, layers, kv, billions):
                     num_global_key_value_heads=4)  # fmt: skip
         text["layer_types"] = text["layer_types"][:6] * 10
     args = model_args(cfg, name=f"gemma-4-{size}")
-    g = args.gemma
+    g = args.layout
     assert (args.hidden_size, args.num_layers, args.vocab_size) == (hidden, layers, 262144)
     assert (g.kv_heads[0], g.kv_heads[5]) == kv and (g.head_dims[0], g.head_dims[5]) == (256, 512)
     assert g.k_eq_v and g.sliding_window == 1024 and args.logit_softcap == 30.0
@@ -327,7 +327,7 @@ def test_what_specgen_does_not_build_is_refused_in_one_line(tiny_gemma4, edits, 
 def test_cli_ar_is_transformers_greedy_generate(tiny_gemma4):
     from transformers import AutoModelForCausalLM
 
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
     prompt = "The quick brown fox"
     args = ["generate", prompt, "--raw", "--json", "--model", str(tiny_gemma4), "-n", "24"]

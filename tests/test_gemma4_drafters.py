@@ -10,7 +10,23 @@ import shlex
 
 import pytest
 import torch
-from gemma4_drafters_helpers import (
+from typer.testing import CliRunner
+
+from oracles.gemma4_draft import reference_gemma_draft
+from specgen.api.pipeline import Pipeline
+from specgen.api.spec import checked_spec
+from specgen.cli import app
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError
+from specgen.export import bench_command, launch_command, notes, resolve_target
+from specgen.methods.dspark.drafter import markov_draw
+from specgen.methods.dspark.network import DSparkArgs, load_dspark
+from specgen.models.drafters.dflash import DFlashArgs, load_dflash
+from specgen.models.loading import load_target
+from specgen.registry import MODELS
+from specgen.scheduling.cost import CostTable
+from support.cli import assert_one_line_error
+from support.gemma4_drafters import (
     DFLASH_12B,
     DSPARK_12B,
     MASK,
@@ -18,23 +34,8 @@ from gemma4_drafters_helpers import (
     save_deepspec_drafter,
     save_zlab_gemma_drafter,
 )
-from test_cli import assert_one_line_error
-from typer.testing import CliRunner
-
-from conftest import FIXTURES, TINY_VOCAB, chi_square_pvalue
-from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.dspark import markov_draw
-from specgen.errors import CheckpointError
-from specgen.export import bench_command, launch_command, notes, resolve_target
-from specgen.models.dflash import DFlashArgs, load_dflash
-from specgen.models.dspark import DSparkArgs, load_dspark
-from specgen.models.gemma4_draft_reference import reference_gemma_draft
-from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
-from specgen.registry import MODELS
-from specgen.scheduling.cost import CostTable
-from specgen.spec import checked_spec
+from support.statistics import chi_square_pvalue
+from support.targets import FIXTURES, TINY_VOCAB
 
 VARIANTS = {  # DeepSpec's configs for the tiny target (the 12B's: k_eq_v, vanilla rank 256)
     "dspark": {},
@@ -344,6 +345,7 @@ def test_greedy_equals_plain_decoding_with_drafts_verified(ar, drafters, case):
         assert used == {"dflash", "dspark"}
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "case",
     ["deepspec dspark", "trained zlab dflash", pytest.param("stacked", marks=pytest.mark.slow)],
@@ -409,7 +411,7 @@ def test_the_resident_loop_and_the_static_step_past_the_window(ar, drafters, cas
     """The device-resident loop over the graph-capturable forward (capture off: the code a
     CUDA graph captures, run eagerly), drafting with Gemma drafters, gives AR's tokens far
     past the sliding window (4), and leaves the drafter's context at the target's."""
-    from specgen.config import SamplingParams as Params
+    from specgen.core.config import SamplingParams as Params
     from specgen.engine.resident import generate_resident
     from specgen.models.graphs import GraphedForward
 

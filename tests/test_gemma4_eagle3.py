@@ -10,20 +10,21 @@ import json
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
-from gemma4_drafters_helpers import checkpoint_tensors, save_deepspec_eagle3
-from test_cli import FAST, assert_one_line_error, run
 
-from conftest import FIXTURES, TINY_VOCAB, second_token_tv
-from specgen.config import SamplingParams, SpecConfig
-from specgen.errors import CheckpointError
-from specgen.models.eagle3 import load_eagle3
-from specgen.models.eagle3_config import Eagle3Args, check_pair
+from oracles.gemma4_eagle3 import reference_gemma_eagle3_chain
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError
+from specgen.methods.eagle3.config import Eagle3Args, check_pair
+from specgen.methods.eagle3.network import load_eagle3
 from specgen.models.families import model_args
-from specgen.models.gemma4_eagle3_reference import reference_gemma_eagle3_chain
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.verify.sampling import probabilities
+from support.cli import FAST, assert_one_line_error, run
+from support.eagle3 import save_eagle3
+from support.gemma4_drafters import checkpoint_tensors, save_deepspec_eagle3
+from support.statistics import second_token_tv
+from support.targets import FIXTURES, TINY_VOCAB
 
 CONFIG_12B = "eagle3-gemma4-12b-ttt7.config.json"
 PROMPTS = ("The quick brown fox", "def add(a, b):", "one two one two one two")
@@ -115,7 +116,7 @@ def test_drafts_equal_deepspecs_model_on_every_path(ar, variants, name):
     features = torch.randn(40, 5 * 64, generator=gen)
     seq = torch.randint(0, TINY_VOCAB, (41,), generator=gen).tolist()
     sync, fixed = pipe.method.new_drafter(64), pipe.method.new_drafter(64)
-    fixed.static = fixed.static_steps(capture=False)
+    fixed.steps = fixed.steps.uncaptured()
     same = total = 0
     n = 0
     for size, back, k in ((9, 0, 7), (1, 0, 3), (4, 0, 7), (6, 3, 5), (2, 0, 1), (5, 0, 7)):
@@ -223,13 +224,14 @@ def test_greedy_equals_ar_and_the_resident_loop_the_sync_loop(ar, variants, name
     assert got.token_ids == sync_sampled.token_ids
 
 
+@pytest.mark.statistical
 def test_sampling_through_the_gemma_drafter_has_the_target_distribution(ar, target, variants):
     tv, far = second_token_tv(_pipe(ar, variants["12b-like"]), target)
     assert tv < 0.06 and tv < far / 5, (tv, far)
 
 
 def test_stacked_on_gemma_mounts_it_beside_dspark(ar, tiny_gemma4, variants, tmp_path):
-    from gemma4_drafters_helpers import save_deepspec_drafter
+    from support.gemma4_drafters import save_deepspec_drafter
 
     dspark = save_deepspec_drafter(tmp_path / "dspark", tiny_gemma4)
     spec = SpecConfig(

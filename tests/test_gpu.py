@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.models.graphs import GREEDY
 
 pytestmark = pytest.mark.gpu
 
@@ -77,14 +78,14 @@ def test_cuda_graphs_replay_the_eager_steps(cuda_ar, tiny_dflash, tiny_dspark, n
         assert got.token_ids == want.token_ids
         assert session.forward.captured > 0  # the steps really ran as graphs
         if name != "ar":  # and so did the draft step
-            assert session.drafter.static._replay.graph is not None
+            assert session.drafter.steps.step(GREEDY)._replay.graph is not None
     if name == "dspark":  # a sampled draft step is a graph too, and draws as the eager one
         params = SamplingParams(temperature=0.8, top_k=20, seed=7)
         session = graphed.new_session()
         got = graphed.generate(PROMPTS[0], sampling=params, max_new_tokens=32, session=session)
         want = eager.generate(PROMPTS[0], sampling=params, max_new_tokens=32)
         assert got.token_ids == want.token_ids
-        ((step, _),) = session.drafter._sampled_steps.values()
+        (step,) = [session.drafter.steps.step(k) for k in session.drafter.steps.keys() if k != GREEDY]
         assert step._replay.graph is not None
     assert eager.new_session().forward is eager.model
 

@@ -9,10 +9,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.methods.eagle3.drafter import CHAINS
+from support.eagle3 import save_eagle3
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def test_eagle3_chains_replay_as_graphs(cuda_ar, eagle3):
             want = eager.generate(prompt, sampling=params, max_new_tokens=32)
             assert got.token_ids == want.token_ids
             assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
-            replays = session.drafter.static.replays
+            replays = session.drafter.steps.step(CHAINS).replays
             assert replays and all(r.graph is not None for r in replays)
             if params is None:
                 assert got.token_ids == cuda_ar.generate(prompt, max_new_tokens=32).token_ids
@@ -78,7 +79,7 @@ def test_resident_steps_with_eagle3_on_cuda_are_the_sync_steps(
             assert got.token_ids == want.token_ids
             if not stacked:
                 assert _steps(got) == _steps(want)
-                assert all(r.graph is not None for r in session.drafter.static.replays)
+                assert all(r.graph is not None for r in session.drafter.steps.step(CHAINS).replays)
             assert session.forward.captured > 0
         want = cuda_ar.generate(prompt, max_new_tokens=32, session=cuda_ar.new_session())
         assert resident.generate(prompt, max_new_tokens=32).token_ids == want.token_ids
@@ -87,7 +88,7 @@ def test_resident_steps_with_eagle3_on_cuda_are_the_sync_steps(
 def test_deepspecs_gemma_drafter_on_cuda(tiny_gemma4, tmp_path):
     """DeepSpec's Gemma 4 EAGLE-3 on the tiny Gemma 4: the resident loop with its chains as
     graphs makes the eager sync loop's steps, greedy (AR's output) and seeded."""
-    from gemma4_drafters_helpers import save_deepspec_eagle3
+    from support.gemma4_drafters import save_deepspec_eagle3
 
     drafter = save_deepspec_eagle3(tmp_path / "g", tiny_gemma4)
     ar = Pipeline.load(str(tiny_gemma4), device="cuda", dtype="float32")
@@ -103,7 +104,7 @@ def test_deepspecs_gemma_drafter_on_cuda(tiny_gemma4, tmp_path):
                 prompt, sampling=params, max_new_tokens=24, session=plain.new_session()
             )
             assert got.token_ids == want.token_ids and _steps(got) == _steps(want)
-            assert all(r.graph is not None for r in session.drafter.static.replays)
+            assert all(r.graph is not None for r in session.drafter.steps.step(CHAINS).replays)
         greedy = fast.generate(prompt, max_new_tokens=24, session=fast.new_session())
         want = ar.generate(prompt, max_new_tokens=24, session=ar.new_session())
         assert greedy.token_ids == want.token_ids

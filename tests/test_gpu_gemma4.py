@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from gemma4_drafters_helpers import save_deepspec_drafter, save_zlab_gemma_drafter
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from support.gemma4_drafters import save_deepspec_drafter, save_zlab_gemma_drafter
 
 pytestmark = pytest.mark.gpu
 

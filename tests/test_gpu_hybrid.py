@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, save_tiny_dflash
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from support.drafters import save_tiny_dflash
+from support.targets import TINY_VOCAB
 
 pytestmark = pytest.mark.gpu
 

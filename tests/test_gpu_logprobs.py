@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
 
 pytestmark = pytest.mark.gpu
 

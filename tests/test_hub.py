@@ -12,7 +12,7 @@ from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
 from specgen import hub
-from specgen.errors import ModelNotFoundError
+from specgen.core.errors import ModelNotFoundError
 from specgen.registry import MODELS
 
 

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_loop import OracleDrafter
-from test_resident import AnswerKeyDrafter
 
-from conftest import TINY_VOCAB, save_tiny_qwen3_5
-from specgen.config import SamplingParams
-from specgen.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
+from specgen.models.cache.hybrid import CHECKPOINT_MARGIN
 from specgen.models.graphs import GraphedForward
-from specgen.models.hybrid_cache import CHECKPOINT_MARGIN
 from specgen.models.loading import load_target
+from support.scripted_drafters import AnswerKeyDrafter, OracleDrafter
+from support.targets import TINY_VOCAB, save_tiny_qwen3_5
 
 # fp32: two implementations of six recurrent layers agree to ~5e-6 of a tensor's scale (the
 # conv inputs of the deeper layers, of scale 2-5, to 2e-5); a rejected draft left in a

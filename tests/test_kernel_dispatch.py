@@ -11,15 +11,15 @@ import importlib
 
 import pytest
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
 
 DISPATCHERS = (
     "specgen.kernels.verify",
     "specgen.kernels.block_attention",
     "specgen.kernels.rmsnorm",
     "specgen.kernels.qk_rope",
-    "specgen.drafting.dspark",
+    "specgen.methods.dspark.drafter",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.models.kv_cache import ContextLimitError, StaticKVCache
+from specgen.models.cache.kv import ContextLimitError, StaticKVCache
 from specgen.models.loading import load_target
 
 

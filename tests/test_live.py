@@ -7,12 +7,18 @@ import io
 import pytest
 from rich.console import Console
 
-from specgen.config import SpecConfig
-from specgen.live import LiveAnswer, PlainAnswer, acceptance_bars, answer_view, status_panel
-from specgen.pipeline import Chunk, Pipeline
+from specgen.api.pipeline import Chunk, Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.stats import GenStats
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.speedup import ModeledSpeedup, modeled_speedup
-from specgen.stats import GenStats
+from specgen.terminal.live import (
+    LiveAnswer,
+    PlainAnswer,
+    acceptance_bars,
+    answer_view,
+    status_panel,
+)
 
 
 def _stats(verify_policy="cost") -> GenStats:
@@ -170,7 +176,7 @@ class _OracleMethod:
         self.mounted = {"oracle": self}
 
     def new_drafter(self, capacity):
-        from test_loop import OracleDrafter
+        from support.scripted_drafters import OracleDrafter
 
         return OracleDrafter(self.model)
 
@@ -198,3 +204,28 @@ def test_a_real_answer_is_priced_alike_from_a_table_and_from_it_doubled(
     speedup = modeled_speedup(stats, pipe.costs)
     assert speedup is not None
     assert modeled_speedup(stats, _doubled(pipe.costs)) == pytest.approx(speedup, 1e-12)
+
+
+def test_finished_text_wraps_at_words_not_at_the_terminals_edge():
+    """The answer the live view leaves behind is wrapped where the live region wrapped it,
+    between words: one long line handed to the terminal would be cut mid-word at its edge."""
+    printed = []  # what the view prints for good, rendered as a 24-column terminal shows it
+    console = Console(file=io.StringIO(), force_terminal=True, width=24, color_system=None)
+    real = console.print
+
+    def keep(*objects, **kwargs):
+        shown = Console(file=io.StringIO(), width=24, color_system=None)
+        with shown.capture() as captured:
+            shown.print(*objects, **kwargs)
+        printed.append(captured.get())
+        real(*objects, **kwargs)
+
+    console.print = keep
+    view = LiveAnswer(console, None)
+    words = "the quick brown foxes jumped over the lazy sleeping dogs again and again"
+    view.push(_chunk(words + "\nand a second paragraph of several words", 0, _dflash_stats()))
+    view.close(None)
+    lines = "".join(printed).splitlines()
+    # a 24-column terminal cuts any longer line (mid-word): none is longer
+    assert lines and all(len(line) <= 24 for line in lines), lines
+    assert " ".join(" ".join(lines).split()) == f"{words} and a second paragraph of several words"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_VOCAB
-from specgen.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.models.loading import load_target
+from support.targets import TINY_VOCAB
 
 
 def _copy(src, dst):
@@ -105,9 +105,9 @@ def test_a_drafting_load_checks_its_spec_once_and_makes_one_session(
     """`Pipeline.load` with a drafter goes straight from the loaded target to the drafting
     pipeline: the spec is checked at the entry only, and no plain-AR pipeline allocates a
     full-context session on the way (issue 32)."""
-    from specgen import pipeline as pipeline_module
-    from specgen.config import SpecConfig
-    from specgen.pipeline import Pipeline
+    from specgen.api import pipeline as pipeline_module
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
 
     checks, sessions = [], []
     real_check, real_session = pipeline_module.checked_spec, pipeline_module.Session
@@ -127,9 +127,9 @@ def test_a_drafting_load_checks_its_spec_once_and_makes_one_session(
 
 
 def test_a_pipeline_runs_what_it_is_given_and_never_loads(tiny_llama):
-    from specgen.config import SpecConfig
-    from specgen.errors import SpecgenError
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
+    from specgen.core.errors import SpecgenError
 
     ar = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
     with pytest.raises(SpecgenError, match="loaded draft method"):

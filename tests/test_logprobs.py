@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
-from specgen.config import SamplingParams
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams
 from specgen.engine import score
-from specgen.pipeline import Pipeline
+from support.every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
 TOP = 5
 PROMPTS = ("The quick brown fox", "one two one two one two", "Café, naïve, 東京, привет")
@@ -162,8 +162,8 @@ def test_prompt_logprobs_are_transformers_and_leave_the_prompt_cached(
 
 
 def test_prompt_logprobs_bad_input(pipes):
-    from specgen.errors import OptionError, PromptError
-    from specgen.models.kv_cache import ContextLimitError
+    from specgen.core.errors import OptionError, PromptError
+    from specgen.models.cache.kv import ContextLimitError
 
     pipe = pipes["ar"]
     with pytest.raises(OptionError):

@@ -5,44 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption, empty_draft
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Drafter
-from specgen.drafting.ngram import NgramDrafter
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
+from specgen.methods.ngram.drafter import NgramDrafter
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import PROBE_AFTER, PROBE_LENGTH, VerifyScheduler
+from support.scripted_drafters import OracleDrafter
+from support.targets import FAMILIES
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
 GREEDY = SamplingParams()
-
-
-class OracleDrafter(Drafter):
-    """Proposes exactly what the target would say greedily (drafter = target)."""
-
-    taps: tuple[int, ...] = ()
-
-    def __init__(self, model, draft_tokens=4):
-        self.model, self.max_draft_tokens, self.context = model, draft_tokens, []
-
-    def rollback(self, length):
-        self.context = self.context[:length]
-
-    def observe(self, tokens, taps):
-        self.context += list(tokens)
-
-    def propose(self, anchor, max_tokens, params=None, generator=None):
-        seq = self.context + [anchor]
-        out = []
-        for _ in range(min(max_tokens, self.max_draft_tokens)):
-            logits = self.model(torch.tensor([seq]), self.model.new_cache(len(seq))).logits
-            seq.append(int(logits[0, -1].argmax()))
-            out.append(seq[-1])
-        return Draft(torch.tensor([out])) if out else empty_draft()
 
 
 class WrongDrafter(OracleDrafter):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES, TINY_VOCAB, save_tiny
 from specgen.models.loading import load_target
+from support.targets import FAMILIES, TINY_VOCAB, save_tiny
 
 
 def _reference(hf_model, ids):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from specgen.drafting.ngram import NgramDrafter
+from specgen.methods.ngram.drafter import NgramDrafter
 
 
 def _drafter(context, k=10):

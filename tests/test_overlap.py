@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.config import SamplingParams, SpecConfig
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.events import StepEvent
 from specgen.engine.overlap import overlapped
-from specgen.events import StepEvent
-from specgen.pipeline import Pipeline
 
 PROMPTS = ["The quick brown fox", "one two three one two three one two three one"]
 
@@ -102,7 +102,7 @@ def test_errors_in_the_compute_thread_reach_the_caller():
 
 
 def test_bad_engine_is_refused():
-    from specgen.errors import SpecgenError
+    from specgen.core.errors import SpecgenError
 
     with pytest.raises(SpecgenError, match="--engine must be auto, overlap or sync"):
         SpecConfig(engine="async")

@@ -1,4 +1,4 @@
-"""Packed weights (models/packed.py, gguf_blocks.py, weights_packed.py, kernels/packed.py).
+"""Packed weights (models/formats/packed_matrix.py, gguf_blocks.py, weights_packed.py, kernels/packed.py).
 
 What "exact" means: the model a quantized file defines is its dequantized weights, as the
 `gguf` package dequantizes them. So (1) every GGUF format decodes to gguf's numbers bit for
@@ -16,11 +16,11 @@ import functools
 import numpy as np
 import pytest
 import torch
-from packed_helpers import ALL_KINDS, dequantized, random_blocks
 
 from specgen.kernels.packed import cpu_library, packed_linear_cpu, packed_linear_torch
-from specgen.models.gguf_blocks import packed_from_blocks
-from specgen.models.packed import PackedMatrix, quantize
+from specgen.models.formats.gguf.blocks import packed_from_blocks
+from specgen.models.formats.packed_matrix import PackedMatrix, quantize
+from support.packed import ALL_KINDS, dequantized, random_blocks
 
 ROWS, COLS = 37, 512  # odd rows: a partial column tile; two K-quant super-blocks
 
@@ -131,8 +131,8 @@ def test_bad_packed_shapes_are_refused():
 
 def test_quantize_on_load_fits_the_group_to_each_matrix(monkeypatch):
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # held to the fp32 product
-    from specgen.models.weights import FORMATS, DenseWeight
-    from specgen.models.weights_packed import Int4Weight
+    from specgen.models.formats.packed_weight import Int4Weight
+    from specgen.models.formats.weights import FORMATS, DenseWeight
 
     assert FORMATS["int4"] is Int4Weight
     gen = torch.Generator().manual_seed(3)
@@ -144,7 +144,7 @@ def test_quantize_on_load_fits_the_group_to_each_matrix(monkeypatch):
         x = torch.randn(2, cols, generator=gen)
         exact = x.double() @ w.dense().double().T  # the product up to fp32 summation
         assert ((w(x).double() - exact).abs() <= fp32_bound(x, w.dense())).all()
-    from specgen.models.weights_packed import _quantized
+    from specgen.models.formats.packed_weight import _quantized
 
     dense = DenseWeight(8, 576, dtype=torch.float32, device=torch.device("cpu"))
     assert _quantized(8, 128).from_dense(dense).kinds == ["int8-g64"]  # 576 = 9 x 64

@@ -1,5 +1,5 @@
 """Qwen3.5 and Gemma 4 GGUF targets, run packed: tiny checkpoints written in llama.cpp's
-layout (llamacpp_convert.py: Qwen3.5's 1 + w norms, -exp(A_log), squeezed conv kernels and
+layout (support/llamacpp_convert.py: Qwen3.5's 1 + w norms, -exp(A_log), squeezed conv kernels and
 value heads reordered from grouped to tiled; Gemma 4's renamed layer scalars and its
 `rope_freqs` table), loaded through their own metadata as `--model FILE.gguf` does. Each
 holds its dequantized oracle's weights exactly, gives its logits up to fp32 summation, and
@@ -10,7 +10,7 @@ transformers 5.25 as an extra oracle: it reads a `qwen35` GGUF itself
 logits are held to its model too. It cannot load a `gemma4` GGUF: its reader rebuilds the
 config with another model's defaults (head dim 256, per-layer input embeddings, its own
 layer pattern) and the load stops on mismatched shapes; specgen builds that config itself
-(models/gguf.py) and that path is checked against the checkpoint's own config here.
+(models/formats/gguf/convert.py) and that path is checked against the checkpoint's own config here.
 """
 
 from __future__ import annotations
@@ -22,30 +22,20 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from llamacpp_convert import Converter, text_config
-from packed_helpers import write_tiny_gguf
 
-from conftest import save_tiny_dflash, save_tiny_gemma4, save_tiny_qwen3_5
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
-from specgen.models.gguf import ensure_converted
+from specgen.models.formats.gguf.convert import ensure_converted
+from specgen.models.formats.packed_matrix import PackedMatrix, quantize
+from specgen.models.formats.weights import DenseWeight, LinearWeight
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.packed import PackedMatrix, quantize
-from specgen.models.weights import DenseWeight, LinearWeight
-from specgen.pipeline import Pipeline
-
-MIXES = {  # as llama.cpp files mix formats (a Q4_K_M keeps ffn_down and attn_v in Q6_K)
-    "q8_0": {"": "Q8_0"},
-    "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},
-    "q5": {"ssm_out": "Q5_0", "attn_k": "Q5_0", "": "Q5_1"},
-    "q4_k_m": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_qkv": "Q6_K", "attn_q": "Q5_K",
-               "": "Q4_K"},
-    # the same with Q8_0 where a row is not whole 256-blocks (transformers has no Q5_0)
-    "q4_k": {"attn_output": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_q": "Q5_K",
-             "": "Q4_K"},
-}  # fmt: skip
+from support.drafters import save_tiny_dflash
+from support.llamacpp_convert import Converter, text_config
+from support.packed import FAMILY_MIXES, write_tiny_gguf
+from support.targets import save_tiny_gemma4, save_tiny_qwen3_5
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +93,7 @@ CASES = [("qwen3_5", m) for m in ("q8_0", "q4_1", "q5")] + [
 @pytest.mark.parametrize(("family", "mix"), CASES)
 def test_a_gguf_target_runs_packed_on_its_own_weights(targets, tmp_path, family, mix, monkeypatch):
     hf = targets[family]
-    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", FAMILY_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     dense = load_dense(oracle_dir, dtype=torch.float32, device="cpu")
     assert not any(type(m) is DenseWeight for m in packed.modules())
@@ -142,7 +132,7 @@ def test_transformers_reads_the_same_qwen3_5_file(targets, tmp_path, family, mix
     from transformers import AutoModelForCausalLM
 
     hf = targets[family]
-    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    write_tiny_gguf(hf, tmp_path / "t.gguf", FAMILY_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="t.gguf",
                                                dtype=torch.float32).eval()  # fmt: skip
@@ -156,14 +146,14 @@ def test_transformers_reads_the_same_qwen3_5_file(targets, tmp_path, family, mix
 
 def test_the_config_comes_from_the_files_metadata(targets, tmp_path):
     """`--model FILE.gguf` has no config.json: Qwen3.5's comes from transformers' reader,
-    Gemma 4's from specgen's (models/gguf.py). Either describes the model the checkpoint's
+    Gemma 4's from specgen's (models/formats/gguf/convert.py). Either describes the model the checkpoint's
     own config does (rms_norm_eps goes through the file's fp32). A Qwen3.5 file with its
     multi-token-prediction block (one more `blk.`) is the same model."""
     for family, mtp in (("qwen3_5", 0), ("qwen3_5", 1), ("wide qwen3_5", 0), ("gemma4", 0),
                         ("tied gemma4", 0)):  # fmt: skip
         hf = targets[family]
         path = tmp_path / f"{family}-{mtp}.gguf"
-        oracle = write_tiny_gguf(hf, path, MIXES["q8_0"], mtp=mtp)
+        oracle = write_tiny_gguf(hf, path, FAMILY_MIXES["q8_0"], mtp=mtp)
         converted = ensure_converted(path)
         if mtp:  # the extra block is never read
             packed = load_gguf_target(path, converted, dtype=torch.float32, device="cpu")
@@ -179,10 +169,10 @@ def test_the_config_comes_from_the_files_metadata(targets, tmp_path):
 def test_dequantize_runs_the_files_matrices_dense(targets, tmp_path):
     """`--dequantize`: transformers cannot dequantize these files, so the packed load is
     dequantized in memory, to the oracle's weights exactly."""
-    from specgen.loader import load_target
+    from specgen.api.loader import load_target
 
     for family in ("qwen3_5", "gemma4"):
-        oracle = write_tiny_gguf(targets[family], tmp_path / f"{family}.gguf", MIXES["q4_1"])
+        oracle = write_tiny_gguf(targets[family], tmp_path / f"{family}.gguf", FAMILY_MIXES["q4_1"])
         got = load_target(str(tmp_path / f"{family}.gguf"), device="cpu", dtype="float32",
                           dequantize=True).model  # fmt: skip
         dense = load_dense(oracle, dtype=torch.float32, device="cpu")
@@ -209,7 +199,7 @@ def test_every_method_is_greedy_identical_to_ar_on_a_packed_qwen3_5(targets, tmp
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
     family = "wide qwen3_5" if mix == "q4_k_m" else "qwen3_5"
     hidden = 256 if mix == "q4_k_m" else 64
-    oracle = write_tiny_gguf(targets[family], tmp_path / "t.gguf", MIXES[mix])
+    oracle = write_tiny_gguf(targets[family], tmp_path / "t.gguf", FAMILY_MIXES[mix])
     ar, dense = _pipelines(tmp_path / "t.gguf", oracle)
     drafter = save_tiny_dflash(tmp_path / "d", hidden=hidden, target_layer_ids=[1, 3])
     for prompt in PROMPTS:
@@ -230,11 +220,11 @@ def test_every_method_is_greedy_identical_to_ar_on_a_packed_qwen3_5(targets, tmp
 @pytest.mark.parametrize("act", ["fp32", "q8"])
 def test_every_method_is_greedy_identical_to_ar_on_a_packed_gemma4(targets, tmp_path, mix, act,
                                                                    monkeypatch):  # fmt: skip
-    from gemma4_drafters_helpers import save_zlab_gemma_drafter
+    from support.gemma4_drafters import save_zlab_gemma_drafter
 
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
     family = "wide gemma4" if mix == "q4_k_m" else "gemma4"
-    oracle = write_tiny_gguf(targets[family], tmp_path / "t.gguf", MIXES[mix])
+    oracle = write_tiny_gguf(targets[family], tmp_path / "t.gguf", FAMILY_MIXES[mix])
     ar, dense = _pipelines(tmp_path / "t.gguf", oracle)
     drafter = save_zlab_gemma_drafter(tmp_path / "d", targets[family], multiplier=0.5)
     for prompt in PROMPTS:
@@ -257,7 +247,7 @@ def test_on_cuda_a_packed_target_gives_the_files_logits_and_greedy_answers(targe
     """The Triton kernel, Qwen3.5's ssm_out read with its input gathered: the file's model
     (float64, on the CPU) up to fp32, and DFlash and ngram greedy-identical to AR."""
     hf = targets[family]
-    oracle = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q4_k_m"])
+    oracle = write_tiny_gguf(hf, tmp_path / "t.gguf", FAMILY_MIXES["q4_k_m"])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cuda")
     exact = load_dense(oracle, dtype=torch.float64, device="cpu")
     tokens = torch.randint(0, exact.args.vocab_size, (1, 9),
@@ -267,7 +257,7 @@ def test_on_cuda_a_packed_target_gives_the_files_logits_and_greedy_answers(targe
     ar = Pipeline.load(str(tmp_path / "t.gguf"), device="cuda", dtype="float32")
     drafter = save_tiny_dflash(tmp_path / "d", hidden=256, target_layer_ids=[1, 3])
     if "gemma4" in family:
-        from gemma4_drafters_helpers import save_zlab_gemma_drafter
+        from support.gemma4_drafters import save_zlab_gemma_drafter
 
         drafter = save_zlab_gemma_drafter(tmp_path / "g", hf, multiplier=0.5)
     for prompt in PROMPTS:
@@ -318,7 +308,7 @@ BAD = [
 def test_a_broken_file_names_the_tensor_in_one_line(targets, tmp_path, family, arch, edit,
                                                      message):  # fmt: skip
     hf = targets[family]
-    write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES["q8_0"])
+    write_tiny_gguf(hf, tmp_path / "t.gguf", FAMILY_MIXES["q8_0"])
     _rewrite(tmp_path / "t.gguf", tmp_path / "bad.gguf", arch, **edit)
     load = lambda: load_gguf_target(tmp_path / "bad.gguf", hf, dtype=torch.float32,  # noqa: E731
                                     device="cpu", name="bad.gguf")  # fmt: skip

@@ -26,6 +26,7 @@ from specgen.kernels.packed import cpu_library
 
 HERE = Path(__file__).parent
 pytestmark = [
+    pytest.mark.integration,  # each build compiled and run in a subprocess of its own
     pytest.mark.skipif(cpu_library() is None, reason="no C compiler"),
     pytest.mark.skipif(not cpu_build.is_x86(), reason="x86 variants"),
 ]
@@ -52,9 +53,9 @@ BUILDS = {
 }
 PRODUCTS = """
 import sys, numpy as np, torch
-from packed_helpers import ALL_KINDS, random_blocks
-from specgen.models.gguf_blocks import packed_from_blocks
-from specgen.models.packed import quantize
+from support.packed import ALL_KINDS, random_blocks
+from specgen.models.formats.gguf.blocks import packed_from_blocks
+from specgen.models.formats.packed_matrix import quantize
 from specgen.kernels.packed import packed_linear_cpu
 gen = torch.Generator().manual_seed(0)
 out = {}
@@ -86,7 +87,8 @@ def test_each_build_runs_its_own_path_exactly(isa):
     if not runnable(isa):
         pytest.skip(f"this CPU cannot run the {isa} build")
     path, lanes, own_fp32 = BUILDS[isa]
-    probe = "from specgen.kernels.packed import kernel_isa, kernel_lanes; print(kernel_isa(), kernel_lanes())"
+    probe = ("from specgen.kernels.packed import kernel_isa, kernel_lanes;"
+             "print(kernel_isa(), kernel_lanes())")  # fmt: skip
     got = in_build(isa, "-c", probe)
     assert got.returncode == 0, got.stderr
     assert got.stdout.split()[-2:] == [f"({path})", str(lanes)], got.stdout
@@ -117,7 +119,8 @@ def test_every_build_computes_the_same_8_bit_products(tmp_path):
 def test_an_unknown_isa_is_named_and_the_slow_path_runs():
     code = (
         "import torch; from specgen.kernels.packed import kernel_lanes, packed_linear;"
-        "from specgen.models.packed import quantize; m = quantize(torch.randn(8, 64), 4, 32);"
+        "from specgen.models.formats.packed_matrix import quantize;"
+        "m = quantize(torch.randn(8, 64), 4, 32);"
         "x = torch.randn(2, 64); y = packed_linear(x, m);"
         "assert torch.allclose(y, x @ m.dequantize().T, atol=1e-4); print(kernel_lanes())"
     )

@@ -6,47 +6,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packed_helpers import write_tiny_gguf
 
-from specgen.config import SpecConfig
-from specgen.errors import CheckpointError, OptionError
-from specgen.loader import Decoding, Target, load_target
+from specgen.api.loader import Decoding, Target, load_target
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError, OptionError
+from specgen.models.formats.weights import DenseWeight, LinearWeight
 from specgen.models.loading import load_gguf_target
 from specgen.models.loading import load_target as load_dense
-from specgen.models.weights import DenseWeight, LinearWeight
-from specgen.pipeline import Pipeline
-
-MIXES = {  # how llama.cpp files mix formats: a Q4_K_M keeps attn_v and ffn_down in Q6_K
-    "q4_1": {"token_embd": "Q8_0", "": "Q4_1"},
-    "q4_0": {"": "Q4_0"},
-    "q8_0": {"": "Q8_0"},
-    "q5": {"attn_k": "Q5_0", "": "Q5_1"},
-    "q4_k_m": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_q": "Q5_K", "": "Q4_K"},
-}
+from support.packed import LLAMA_MIXES, write_tiny_gguf
 
 
 def weights(model) -> dict[str, LinearWeight]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LinearWeight)}
 
 
-@pytest.fixture(scope="module")
-def wide_qwen2(tmp_path_factory):
-    """256 wide: whole K-quant super-blocks in every matrix (the 64-wide tiny families get
-    llama.cpp's fallback types instead, as small real tensors do)."""
-    from conftest import save_tiny
-
-    path = tmp_path_factory.mktemp("wide-qwen2")
-    save_tiny(path, "qwen2", seed=4, hidden_size=256, intermediate_size=512)
-    return path
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])
-@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("mix", list(LLAMA_MIXES))
 def test_a_gguf_target_runs_packed_on_its_own_weights(tiny_dirs, wide_qwen2, tmp_path, family,
                                                       mix, monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself
     hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
-    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", MIXES[mix])
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     dense = load_dense(oracle_dir, dtype=torch.float32, device="cpu")
     assert not any(type(m) is DenseWeight for m in packed.modules())
@@ -86,7 +67,7 @@ def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark, tiny_dflash2, tmp_path, mix, act, monkeypatch
 ):
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)  # 8-bit activations: verify rows are steps too
-    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", MIXES[mix])
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
     assert "packed" in ar.model.weights_identity
     for prompt in ("packed weights", "a second prompt, longer than the first one"):
@@ -125,7 +106,8 @@ def test_quantize_refuses_what_it_cannot_do(tiny_qwen3_deep, tmp_path):
 def test_an_unsupported_gguf_type_is_named_with_the_supported_ones(tiny_dirs, tmp_path):
     import gguf
     import numpy as np
-    from packed_helpers import qtype
+
+    from support.packed import qtype
 
     hf = tiny_dirs["qwen3"]
     write_tiny_gguf(hf, tmp_path / "t.gguf", {"": "Q8_0"})
@@ -162,7 +144,7 @@ def test_a_truncated_gguf_fails_in_one_line(tiny_dirs, tmp_path):
 def test_models_says_how_a_loaded_targets_weights_are_held(tiny_qwen3_deep):
     import json
 
-    from test_cli import assert_one_line_error, run
+    from support.cli import assert_one_line_error, run
 
     got = run("models", str(tiny_qwen3_deep), "--quantize", "int4", "--json")
     assert got.exit_code == 0, got.output
@@ -179,7 +161,7 @@ def test_models_says_how_a_loaded_targets_weights_are_held(tiny_qwen3_deep):
 
 
 def test_quantize_on_the_embedded_gguf_is_refused_in_one_line(embedded_gguf):
-    from test_cli import assert_one_line_error, run
+    from support.cli import assert_one_line_error, run
 
     got = run("generate", "--quantize", "int8", "--device", "cpu", "hello")
     assert_one_line_error(got, 2, "--quantize is not for smollm2-135m", "already quantized")
@@ -188,7 +170,7 @@ def test_quantize_on_the_embedded_gguf_is_refused_in_one_line(embedded_gguf):
 def test_a_drafter_trains_against_the_packed_target_it_will_verify_with(tiny_qwen3_deep, tmp_path):
     import json
 
-    from test_cli import FAST, run
+    from support.cli import FAST, run
 
     data = tmp_path / "r.jsonl"
     data.write_text(json.dumps({"prompt_ids": [5, 6, 7, 8], "response_ids": list(range(20, 60))}))
@@ -206,9 +188,9 @@ def test_a_drafter_trains_against_the_packed_target_it_will_verify_with(tiny_qwe
 
 
 def test_a_drafter_of_another_vocabulary_is_refused_on_a_packed_target(tiny_qwen3_deep, tmp_path):
-    from test_cli import assert_one_line_error, run
-
-    from conftest import TINY_VOCAB, save_tiny_dflash
+    from support.cli import assert_one_line_error, run
+    from support.drafters import save_tiny_dflash
+    from support.targets import TINY_VOCAB
 
     other = save_tiny_dflash(tmp_path / "d", vocab=TINY_VOCAB + 64, mask_token_id=5,
                              target_layer_ids=[1, 3])  # fmt: skip
@@ -217,11 +199,12 @@ def test_a_drafter_of_another_vocabulary_is_refused_on_a_packed_target(tiny_qwen
     assert_one_line_error(got, 2, "does not fit target", f"vocabulary {TINY_VOCAB + 64} vs")
 
 
+@pytest.mark.statistical
 def test_sampling_through_dflash_keeps_the_packed_targets_distribution(tiny_qwen3_deep,
                                                                        tiny_dflash):  # fmt: skip
     """The second generated token's empirical distribution converges to the exact one of
     the packed (int4) target, as tests/test_dflash.py checks for a dense one."""
-    from conftest import second_token_tv
+    from support.statistics import second_token_tv
 
     loaded = load_target(str(tiny_qwen3_deep), device="cpu", dtype="float32", quantize="int4")
     spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), verify_policy="full")

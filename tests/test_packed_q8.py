@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from packed_helpers import ALL_KINDS, random_blocks
-from q8_reference import q8_product, quantize_rows
 
 from specgen.kernels.packed import cpu_library, packed_linear_cpu, q8_quantize_cpu
-from specgen.models.gguf_blocks import packed_from_blocks
-from specgen.models.packed import quantize
+from specgen.models.formats.gguf.blocks import packed_from_blocks
+from specgen.models.formats.packed_matrix import quantize
+from support.packed import ALL_KINDS, random_blocks
+from support.q8_reference import q8_product, quantize_rows
 
 pytestmark = pytest.mark.skipif(cpu_library() is None, reason="no C compiler")
 
@@ -115,7 +115,8 @@ def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(kind):
 
 
 def test_stored_columns_in_another_order_take_their_inputs_with_them():
-    m = matrix("Q4_0", 24, 256, 5).permute_columns(torch.randperm(256, generator=torch.Generator().manual_seed(0)))
+    order = torch.randperm(256, generator=torch.Generator().manual_seed(0))
+    m = matrix("Q4_0", 24, 256, 5).permute_columns(order)
     x = rows_of(4, 256, 6)
     check(x, m)
 

@@ -12,19 +12,20 @@ from collections import Counter
 
 import pytest
 import torch
-from every_method import hf_deep, pipes  # noqa: F401  (fixtures)
-from test_cli import assert_one_line_error, run
-from test_resident import AnswerKeyDrafter
 
-from conftest import TINY_VOCAB, chi_square_pvalue
-from specgen.config import SamplingParams
-from specgen.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
+from specgen.core.errors import OptionError
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
-from specgen.errors import OptionError
 from specgen.models.loading import load_target
 from specgen.verify.penalties import Penalties, penalise
 from specgen.verify.sampling import probabilities
+from support.cli import assert_one_line_error, run
+from support.every_method import hf_deep, pipes  # noqa: F401  (fixtures)
+from support.scripted_drafters import AnswerKeyDrafter
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 PENALTIES = [
     dict(repetition_penalty=1.3),
@@ -244,7 +245,7 @@ def exact_penalised(target, prompt, params, position) -> torch.Tensor:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("method", ["ar", "dflash", "dspark"])  # (ngram: no matches here)
 def test_sampling_with_penalties_has_the_penalised_distribution(pipes, method):
     """The 3rd answer token: drawn from a verify row after the first token and, when d1
@@ -302,7 +303,7 @@ class TwinDrafter(KeyDrafter):
 TWIN = dict(temperature=1.0, top_k=3, frequency_penalty=-2.0, presence_penalty=-2.0)
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampled_rows_after_accepted_drafts_count_them(llama):
     """Under sampling, with drafts the target often accepts: the third answer token comes
     from the row after an accepted d1 most of the time, penalised with d1 counted."""

@@ -16,13 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_VOCAB, save_tiny_qwen3_5
-from specgen.config import FULL, LINEAR
-from specgen.errors import CheckpointError
+from specgen.core.config import FULL, LINEAR
+from specgen.core.errors import CheckpointError
 from specgen.models import loading
 from specgen.models.families import model_args
 from specgen.models.loading import load_target
 from specgen.models.transformer import Transformer
+from support.targets import TINY_VOCAB, save_tiny_qwen3_5
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOL = dict(atol=2e-5, rtol=1e-5)  # fp32: the same ops in another order
@@ -44,8 +44,8 @@ def _reference(hf, ids):
 def test_layer_types_and_shapes_come_from_text_config(pair):
     _, ours, _ = pair
     a = ours.args
-    assert a.family == "qwen3_5" and a.hybrid is not None
-    assert a.hybrid.layer_types == (LINEAR, LINEAR, LINEAR, FULL, LINEAR, LINEAR)
+    assert a.family == "qwen3_5" and a.layout is not None
+    assert a.layout.layer_types == (LINEAR, LINEAR, LINEAR, FULL, LINEAR, LINEAR)
     assert a.rotary_dim == 4 and a.attn_output_gate and a.norm_offset  # 16 * 0.25
 
 
@@ -137,8 +137,8 @@ def test_published_configs_parse_and_build(size, hidden, layers, value_heads, bi
     args = model_args(cfg, name=f"Qwen3.5-{size}")
     assert (args.hidden_size, args.num_layers, args.vocab_size) == (hidden, layers, 248320)
     assert (
-        args.hybrid.value_heads == value_heads
-        and args.hybrid.layer_types.count(FULL) == layers // 4
+        args.layout.value_heads == value_heads
+        and args.layout.layer_types.count(FULL) == layers // 4
     )
     with torch.device("meta"):
         model = Transformer(args, dtype=torch.bfloat16, device="meta")

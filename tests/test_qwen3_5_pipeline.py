@@ -14,13 +14,15 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from support.cli import assert_one_line_error
+from support.drafters import save_tiny_dflash
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32"]
@@ -101,6 +103,7 @@ def test_the_cost_policy_ngram_and_both_engines(ar, trained, engine):
         assert got.token_ids == want, spec
 
 
+@pytest.mark.statistical
 def test_sampling_keeps_the_targets_distribution(ar, dflash):
     """The second token's empirical distribution converges to the exact one (T = 1)."""
     from specgen.verify.sampling import probabilities
@@ -169,7 +172,7 @@ def test_an_answer_stopped_mid_stream_leaves_an_exact_session(ar, dflash):
 def test_cli_ar_is_transformers_greedy_generate(tiny_qwen3_5):
     from transformers import AutoModelForImageTextToText
 
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
     prompt = "The quick brown fox"
     args = ["generate", prompt, "--raw", "--json", "--model", str(tiny_qwen3_5), "-n", "24"]
@@ -241,7 +244,7 @@ def test_thinking_follows_the_drafters_and_a_mismatch_is_said_once(
 ):
     """An alias whose drafters were trained with thinking on gets it by default; asking for
     the other mode works, with one note that acceptance will suffer."""
-    from specgen import loader
+    from specgen.api import loader
     from specgen.hub import ResolvedModel
     from specgen.registry import MODELS, ModelEntry
 

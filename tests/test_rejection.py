@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.verify import verify_draft
 from specgen.verify.sampling import probabilities
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specgen.config import SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the replay is research code beside the benchmarks
@@ -84,10 +84,9 @@ def test_replay_takes_the_loops_steps_on_the_default_model(embedded_dir):
 def test_replay_takes_the_loops_steps_with_three_drafters(tiny_qwen3_deep, tiny_dflash, tmp_path):
     """Stacked over DFlash, DSpark and EAGLE-3 (a chain drafter, priced per token): the
     replay still takes each method's real steps."""
-    from eagle3_helpers import save_eagle3
-
-    from conftest import save_tiny_dspark
     from specgen.scheduling.cost import CostTable
+    from support.drafters import save_tiny_dspark
+    from support.eagle3 import save_eagle3
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     paths = {

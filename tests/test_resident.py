@@ -11,65 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption
-from specgen.drafting.base import ResidentDrafter
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import DraftOption
 from specgen.engine.ar import generate_ar
 from specgen.engine.loop import generate_speculative
 from specgen.engine.resident import generate_resident
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
+from support.scripted_drafters import AnswerKeyDrafter
 
 PROMPT = [5, 17, 42, 99, 7, 3, 250, 11, 5, 17, 42]
 GREEDY = SamplingParams()
-
-
-class AnswerKeyDrafter(ResidentDrafter):
-    """Drafts from a known token sequence (prompt + the target's greedy answer), with
-    every `wrong`-th draft changed; serves both loops. Its only state is the context
-    length, which the resident loop gives it on the device (read here: a test drafter)."""
-
-    taps: tuple[int, ...] = ()
-
-    def __init__(self, sequence: list[int], draft_tokens: int = 4, wrong: int = 0) -> None:
-        self.sequence, self.max_draft_tokens, self.wrong = sequence, draft_tokens, wrong
-        self.length = 0
-        self.assumed: list[int] = []
-        self.drafted_at: list[tuple[int, int]] = []
-
-    def _draft(self, start: int, k: int) -> Draft:
-        tokens = [self._at(start + 1 + i) for i in range(k)]
-        for i in range(self.wrong - 1, k, self.wrong or k + 1):
-            tokens[i] = (tokens[i] + 1) % 256
-        return Draft(torch.tensor([tokens]))
-
-    def _at(self, position: int) -> int:
-        return self.sequence[position] if position < len(self.sequence) else 0
-
-    def rollback(self, length):
-        self.length = min(self.length, length)
-
-    def observe(self, tokens, taps):
-        self.length += len(tokens)
-
-    def propose(self, anchor, max_tokens, params=None, generator=None):
-        return self._draft(self.length, min(max_tokens, self.max_draft_tokens))
-
-    def begin_resident(self):
-        pass
-
-    def draft_at(self, anchor, start, k, params=None, generator=None):
-        self.drafted_at.append((int(start), self.length))  # where, and what the host knew
-        return self._draft(int(start), k)
-
-    def observe_at(self, tokens, taps, start):
-        pass
-
-    def assume(self, length):
-        self.length = length
-        self.assumed.append(length)
 
 
 class PricedAnswerKey(AnswerKeyDrafter):
@@ -269,7 +223,7 @@ def test_an_interrupted_resident_answer_continues_as_a_chat(
     assert pipe.generate(follow, max_new_tokens=20, session=session).token_ids == want
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("method,policy", [("dspark", "cost"), ("stacked", "full")])
 def test_sampling_in_the_resident_loop_has_the_target_distribution(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark, method, policy, resident
@@ -277,9 +231,8 @@ def test_sampling_in_the_resident_loop_has_the_target_distribution(
     """The 5th answer token, which a second or third step makes: DSpark's verify lengths
     then come from its previous draft's confidences, and stacked's drafter from a
     selector that learns a step late; neither may bend the distribution."""
-    from test_dspark import _exact_token_distribution
-
-    from conftest import TINY_VOCAB, chi_square_pvalue
+    from support.statistics import chi_square_pvalue, exact_token_distribution
+    from support.targets import TINY_VOCAB
 
     _, loaded = _pipes(tiny_qwen3_deep, tiny_dflash, tiny_dspark, method, policy)
     # cheap verification: the untrained drafters' low estimates still earn verified slots
@@ -288,7 +241,7 @@ def test_sampling_in_the_resident_loop_has_the_target_distribution(
     pipe = Pipeline(loaded.model, loaded.codec, loaded.name, 64, loaded.spec, costs, loaded.method)
     text = "The quick brown fox"
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(pipe.model, pipe.encode(text, raw=True), params, 4)
+    exact = exact_token_distribution(pipe.model, pipe.encode(text, raw=True), params, 4)
     counts, session, n, verified = torch.zeros(TINY_VOCAB), pipe.new_session(), 1500, 0
     for seed in range(n):
         sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)

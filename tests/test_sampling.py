@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.verify.sampling import make_generator, probabilities, sample
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.draft import Draft
+from specgen.core.draft import Draft
 from specgen.scheduling.history import PRIOR_RATE, StepHistory
 from specgen.scheduling.verify_length import choose_verify_length, survival
 
@@ -109,9 +109,9 @@ def test_measured_costs_are_cached(tiny_llama, monkeypatch):
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflash, graphs):
-    from specgen.config import SpecConfig
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
     from specgen.engine import costs as cost
-    from specgen.pipeline import Pipeline
 
     seen = []
     real = cost.cached_costs
@@ -122,7 +122,7 @@ def test_verify_costs_are_measured_the_way_steps_run(tiny_qwen3_deep, tiny_dflas
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("specgen.loader.cached_costs", spy)
+        patch.setattr("specgen.api.loader.cached_costs", spy)
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash), cuda_graphs=graphs)
         ar.with_spec(spec)
     assert seen == [graphs]
@@ -144,8 +144,8 @@ def test_drafting_is_skipped_only_when_no_verify_length_pays():
 
 
 def test_a_skipping_scheduler_probes_with_a_growing_interval():
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import (
         PROBE_AFTER,
@@ -204,8 +204,8 @@ def _history(scheduler, bucket: int, accepted: int, steps: int = 30) -> None:
 
 
 def test_the_scheduler_picks_the_faster_option_or_none():
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import VerifyScheduler
 
@@ -229,8 +229,8 @@ def test_the_scheduler_picks_the_faster_option_or_none():
 
 @pytest.mark.slow
 def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
-    from specgen.config import SpecConfig
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
     from specgen.scheduling.cost import CostTable
 
     base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
@@ -247,8 +247,8 @@ def test_skipped_drafts_keep_the_output_exact(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import VerifyScheduler
 
@@ -265,8 +265,8 @@ def test_confidence_drafts_trimmed_to_nothing_stop_being_drafted():
 
 
 def test_a_new_session_starts_from_what_the_last_answer_learnt(tiny_qwen3_deep, tiny_dflash):
-    from specgen.config import SpecConfig
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipe = ar.with_spec(SpecConfig(method="dflash", drafter=str(tiny_dflash)))
@@ -291,8 +291,8 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
     give (1 + 3 x 0.5) / (0.5 + 1.8) = 1.09 tokens/s. Its steps as verified give
     (4 + 1) / ((0.5 + 1.8) + (0.5 + 1.0)) = 1.32. The other drafter, verified whole at
     rates [0.55, 1, 1], gives (1 + 3 x 0.55) / 2.3 = 1.15."""
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import VerifyScheduler
 
@@ -340,8 +340,8 @@ def test_stacked_drafters_are_compared_by_their_own_last_steps():
     per second of its own last steps (OwnSteps), which the other drafter's steps do not
     fade. DSpark (confidences) drafted passably, then DFlash better, then DFlash worse than
     DSpark had: DSpark is tried again then, and not before."""
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import SWITCH_MARGIN, VerifyScheduler
 
@@ -376,8 +376,8 @@ def test_the_drafter_drafting_keeps_drafting_unless_another_is_clearly_faster():
     favour is mostly noise; switching on it cost more than it won under GPU-like prices
     (benchmarks/results/cpu-replay-stacked-selectors.txt). The incumbent keeps drafting
     unless the other is expected SWITCH_MARGIN faster by their own last steps."""
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import SWITCH_MARGIN, VerifyScheduler
 
@@ -407,8 +407,8 @@ def test_the_drafter_drafting_keeps_drafting_unless_another_is_clearly_faster():
 
 
 def test_draft_length_is_settled_before_drafting_from_per_length_costs():
-    from specgen.config import VerifyPolicy
-    from specgen.draft import DraftOption
+    from specgen.core.config import VerifyPolicy
+    from specgen.core.draft import DraftOption
     from specgen.scheduling.cost import CostTable
     from specgen.scheduling.scheduler import PROBE_LENGTH, VerifyScheduler
     from specgen.scheduling.verify_length import best_draft, best_verify_length
@@ -454,9 +454,9 @@ def test_costs_measured_again_mid_session_keep_the_shape_it_learnt_with(
     method's longest draft, so the table measured again when the steps drift (the machine
     got busy) has the shape the scheduler's history was sized by: a serve test once hit an
     IndexError when a 17-column cached table was replaced by a 16-column one mid-answer."""
-    from specgen.config import SpecConfig
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
     from specgen.engine import costs as cost
-    from specgen.pipeline import Pipeline
 
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     longer = cost.target_costs(ar.model, ar._cost_key, 20)  # cached by a longer drafter

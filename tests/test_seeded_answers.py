@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.scheduling.cost import CostTable
 
 SEEDED = SamplingParams(temperature=0.8, top_k=20, seed=3)

@@ -12,10 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from serve_helpers import CPU, Server
 
-from specgen.config import SamplingParams
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams
+from support.serve import CPU, Server
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 LM_EVAL = os.environ.get("SPECGEN_LM_EVAL") or shutil.which("lm_eval")

@@ -10,7 +10,8 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import CPU, Server, generate, streamed
+
+from support.serve import CPU, Server, generate, streamed
 
 pytestmark = pytest.mark.slow
 

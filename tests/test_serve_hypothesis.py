@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
-from test_serve_limits import FIELDS, TOOL_ANSWERS
-from test_serve_tools import template
+
+from support.serve import FIELDS, TOOL_ANSWERS
+from support.serve_stub import StubPipe, codec_with, stub_app
+from support.serve_tools import template
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies

@@ -10,11 +10,12 @@ import json
 import random
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
-from test_cli import assert_one_line_error, run
 
 from specgen.serve import limits
 from specgen.serve.errors import APIError
+from support.cli import assert_one_line_error, run
+from support.serve import FIELDS, TOOL_ANSWERS
+from support.serve_stub import StubPipe, codec_with, stub_app
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +140,7 @@ def test_a_huge_prompt_is_refused_from_a_sample(tmp_path):
                 ("/v1/completions", {"prompt": "fox jumps " * 200_000}),  # 2 MB
                 ("/v1/chat/completions", {"messages": huge}),
             ]:
-                error = error_of(http.post(route, json=body), 413, "context_length_exceeded")
+                error = error_of(http.post(route, json=body), 400, "context_length_exceeded")
                 assert "at least" in error["message"]
         finally:
             tokenizer.__class__.__call__ = original
@@ -161,56 +162,6 @@ def test_certainly_too_long_is_a_lower_bound():
 
 # --- a seeded fuzz over the request schema ---------------------------------------------------
 
-FIELDS = {
-    "model": ["m", "", None, 3, "other"],
-    "max_tokens": [1, 4, 0, -1, 2**70, "8", 2.5, None, True],
-    "max_completion_tokens": [2, 0, None, []],
-    "temperature": [0, 0.7, 2, 3, -1, "hot", None, float("1e308"), 1e-300, 1e-4, 5e-324],
-    "top_p": [1, 0.5, 0, 2, None, {}, 1e-300],
-    "top_k": [0, -1, 5, -2, "x", 10**12, 2**63 - 1, 1],
-    "seed": [0, 7, -1, 2**64, 2**70, None, 1.5, 2**64 - 1, -(2**63)],
-    "ignore_eos": [True, False, "x"],
-    "stop": ["\n", ["a", "b"], [1], ["x"] * 20, "", None, {"a": 1}],
-    "stream": [True, False, None, "yes", 1],
-    "stream_options": [{"include_usage": True}, {"include_usage": 1}, [], None],
-    "n": [1, 2, None, True],
-    "logprobs": [False, True, None, 3, 0, 5, 6, 20, -1],
-    "top_logprobs": [0, 3, 20, 21, -1, "x", None],
-    "echo": [True, False, "x", None],
-    "presence_penalty": [0, 1.5, -2, 3, "x", None, float("nan")],
-    "frequency_penalty": [0, -1.0, 2, 2.01, None, []],
-    "repetition_penalty": [1, 1.2, 0, 0.01, 100, 1e9, None],
-    "user": ["u", 5],
-    "specgen": [{"method": "ar"}, {"method": "eagle"}, {"x": 1}, "ar", None],
-    "chat_template_kwargs": [{"enable_thinking": True}, {"enable_thinking": "no"}, 3],
-    "tools": [
-        None,
-        [],
-        [{"type": "function", "function": {"name": "f"}}],
-        "x",
-        [1],
-        [
-            {
-                "function": {
-                    "name": "f",
-                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
-                }
-            },
-            {"function": {"name": "g"}},
-        ],
-        [{"function": {"name": "f", "parameters": [1]}}],
-    ],
-    "tool_choice": [
-        "auto",
-        "none",
-        "required",
-        {"type": "function"},
-        3,
-        {"type": "function", "function": {"name": "f"}},
-        {"type": "function", "function": {"name": "nope"}},
-    ],
-    "parallel_tool_calls": [True, False, "x"],
-}
 CONTENTS = ["hi", "", None, 3, [{"type": "text", "text": "a"}], [{"type": "image"}], [1],
             {"text": "x"}, "x" * 300, "Café 🙂", "lone \ud800 surrogate"]  # fmt: skip
 ROLES = ["user", "system", "assistant", "developer", "tool", "bot", None, 1, [], {"a": 1}]
@@ -301,15 +252,6 @@ def calls_in(r) -> int:
 
 
 CASES = 2500
-# the model's scripted answers on the tool templates: calls, broken calls, plain text
-TOOL_ANSWERS = {
-    "qwen3": ['<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
-              "<tool_call>\n{broken\n</tool_call>", "plain", '<tool_call>\n{"name": "f"',
-              '{"a": 1}}\n</tool_call>', '{"name": "f", "arguments": {"a": 2}}\n</tool_call>'],
-    "gemma4": ['<|tool_call>call:f{a:1}<tool_call|>', '<|tool_call>call:f{a:[<|"|>x',
-               "plain <|tool_call>", "<|tool_call>call:g{}<tool_call|>", "a:3}<tool_call|>",
-               "f{a:4}<tool_call|>"],
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("family, cases", [("chatml", CASES), ("qwen3", 800), ("gemma4", 800)])
@@ -319,7 +261,7 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
     """On the tiny ChatML template (tools refused) and on two published tool templates
     (tools rendered, scripted calls parsed, Gemma 4's with its special tokens)."""
     if family != "chatml":
-        from test_serve_tools import SPECIAL, template
+        from support.serve_tools import SPECIAL, template
 
         codec = codec_with(tmp_path, template(family), SPECIAL[family])
         pipe = StubPipe(codec, context=4096, answers=TOOL_ANSWERS[family])
@@ -350,12 +292,12 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     temperature 1e-300 (a NaN softmax)."""
     from fastapi.testclient import TestClient
 
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.api.spec import SpecConfig
     from specgen.serve.app import Service, build_app
     from specgen.serve.metrics import Metrics
     from specgen.serve.openai_api import Defaults
     from specgen.serve.worker import Worker
-    from specgen.spec import SpecConfig
 
     def load():
         spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
@@ -393,3 +335,53 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     finally:
         worker.close()
     assert statuses.get(200, 0) > 10, statuses
+
+
+# --- issue 49: bounds and statuses clients rely on ------------------------------------------
+
+
+def test_max_tokens_is_bounded_by_the_context(pipe):
+    with stub_app(pipe) as http:  # context 256
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 10**12})
+        error = error_of(r, 400, "context_length_exceeded")
+        assert error["param"] == "max_tokens" and "256" in error["message"]
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 255})
+        error_of(r, 400, "context_length_exceeded")  # 2 prompt tokens + 255 > 256
+    with stub_app(pipe, max_tokens=10_000) as http:  # a default too large is cut to the room
+        r = http.post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 200
+
+
+def test_a_body_that_never_arrives_is_a_408():
+    async def slow():
+        yield b"{"
+        await asyncio.sleep(5)
+        yield b"}"
+
+    with pytest.raises(APIError) as e:
+        asyncio.run(limits.read_body_within({}, slow(), 100, timeout=0.2))
+    assert e.value.status == 408 and e.value.code == "request_timeout"
+
+
+def test_retry_after_is_one_place_of_the_measured_drain_rate():
+    import time
+
+    from specgen.serve.worker import Worker
+
+    worker = Worker(lambda: {}, queue_size=1)
+    now = time.perf_counter()
+    worker._ends.extend([now - 6, now - 4, now - 2, now])  # a job ends every 2 s
+    assert worker.retry_after() == 2  # one place frees in ~2 s, whatever the queue's length
+    worker._ends.clear()
+    assert worker.retry_after() == 1  # nothing measured yet: the running mean's 1 s
+
+
+def test_health_says_stopping_with_a_503_and_models_by_id(pipe):
+    with stub_app(pipe) as http:
+        assert http.get("/v1/models/m").json()["id"] == "m"
+        error_of(http.get("/v1/models/other"), 404, "model_not_found")
+        assert http.get("/health").status_code == 200
+        http.app.service.draining = True
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "stopping"
+        error_of(http.post("/v1/completions", json={"prompt": "hi"}), 503, "shutting_down")

@@ -11,13 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
 
-from specgen.config import SamplingParams
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.api.spec import SpecConfig
+from specgen.core.config import SamplingParams
 from specgen.serve.errors import APIError
 from specgen.serve.openai_api import Defaults, parse
-from specgen.spec import SpecConfig
+from support.serve_stub import StubPipe, codec_with, stub_app
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -10,14 +10,14 @@ from contextlib import contextmanager
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from serve_stub import StubPipe, codec_with, stub_app
 
-from specgen.config import SamplingParams, SpecConfig
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
 from specgen.serve.app import Service, build_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.openai_api import Defaults
 from specgen.serve.worker import Worker
+from support.serve_stub import StubPipe, codec_with, stub_app
 
 MSG = [{"role": "user", "content": "The quick brown fox"}]
 RAW = "one two one two"
@@ -306,7 +306,7 @@ def test_penalty_errors_say_the_library_s_rule(http):
 
 
 def test_logprobs_with_tools_are_refused(tmp_path):
-    from test_serve_tools import SPECIAL, WEATHER, template
+    from support.serve_tools import SPECIAL, WEATHER, template
 
     codec = codec_with(tmp_path, template("qwen3"), SPECIAL["qwen3"])
     with stub_app(StubPipe(codec, context=4096)) as client:

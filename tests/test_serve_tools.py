@@ -7,37 +7,14 @@ write tool calls by itself. The real server with a model is in test_serve_tools_
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from serve_stub import StubPipe, codec_with, stub_app
 
 from specgen.serve import tools as T
 from specgen.serve.tool_calls import Call, ToolStream, format_of, split
+from support.serve_stub import StubPipe, codec_with, stub_app
+from support.serve_tools import ASK, SPECIAL, TIME, WEATHER, template
 
-TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
-SPECIAL = {  # the tokens each family's tokenizer has (the tiny one gets them added)
-    "qwen3": [], "qwen3.5": [],
-    "llama-3.1": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                  "<|python_tag|>"],
-    "gemma4": ["<|tool_call>", "<tool_call|>", '<|"|>', "<|turn>", "<turn|>", "<|tool>",
-               "<tool|>", "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>"],
-}  # fmt: skip
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-        "properties": {"zone": {"type": "string"}}}}}  # fmt: skip
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
 # what a model of each family writes to call get_weather(city="Paris", days=2), then
 # get_time(zone="CET"), after a line of text
 CALLS = {
@@ -55,10 +32,6 @@ LLAMA_CALLS = '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2
               '{"name": "get_time", "parameters": {"zone": "CET"}}'  # fmt: skip
 SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": {}}
 EXPECTED = [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"zone": "CET"})]
-
-
-def template(name: str) -> str:
-    return (TEMPLATES / f"{name}.jinja").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -341,15 +314,73 @@ def test_a_named_tool_choice_is_forced_in_the_prompt(served, codecs):
         assert prompt.endswith('<tool_call>\n{"name": "get_time", "arguments": ')
 
 
-def test_a_template_without_tools_is_a_clear_400(tmp_path):
-    with stub_app(StubPipe(codec_with(tmp_path))) as http:  # the tiny ChatML template
-        r = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
-        assert "no tool support" in r.json()["error"]["message"]
-        r = http.post("/v1/chat/completions", json={"messages": history(HISTORY)})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+GENERIC_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+
+
+def test_a_template_without_tools_gets_the_generic_format(tmp_path):
+    """The tiny ChatML template never reads `tools`: the tools go into a system message,
+    the answer is held to the call-or-reply JSON (a grammar on the job), and both shapes
+    are read back. The stub writes what a constrained model would."""
+    pipe = StubPipe(codec_with(tmp_path), 4096, answers=[GENERIC_CALL, '{"response": "Sunny."}'])
+    with stub_app(pipe) as http:
+        body = {"messages": ASK, "tools": [WEATHER], "max_tokens": 200}
+        r = http.post("/v1/chat/completions", json=body).json()
+        choice = r["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        prompt = pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert "You have these tools" in prompt and '"get_weather"' in prompt
+        assert pipe.constraints[-1] is not None
+        r = http.post("/v1/chat/completions", json=body).json()
+        assert r["choices"][0]["message"]["content"] == "Sunny."
+        assert r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_choice_none_is_never_refused_and_leaves_the_tools_out(tmp_path):
+    pipe = StubPipe(codec_with(tmp_path), answers=["plain"])
+    with stub_app(pipe) as http:
+        body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "plain"
+        assert "get_weather" not in pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert pipe.constraints[-1] is None
         r = http.post("/v1/chat/completions", json={"messages": ASK, "tool_choice": "auto"})
         assert r.status_code == 200  # harmless without tools, as before
+
+
+def test_a_generic_history_renders_calls_and_results_as_json(tmp_path):
+    pipe = StubPipe(codec_with(tmp_path), 4096, answers=['{"response": "It is sunny."}'])
+    with stub_app(pipe) as http:
+        body = {"messages": history(HISTORY), "tools": [WEATHER], "max_tokens": 200}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "It is sunny."
+        prompt = pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert '"tool_calls"' in prompt and '"tool_response"' in prompt
+
+
+def test_the_generic_grammar_allows_calls_and_replies_only(tmp_path):
+    from specgen.serve import generic_tools, grammar
+
+    codec = codec_with(tmp_path)
+    vocab = len(codec.tokenizer)
+    for choice, allowed, refused in [
+        ("auto", [GENERIC_CALL, '{"response": "hi"}'], ["hi", '{"tool_calls": []}']),
+        ("required", [GENERIC_CALL], ['{"response": "hi"}']),
+    ]:
+        tools = T.parse_tools({"tools": [WEATHER, TIME], "tool_choice": choice})
+        rules = grammar.json_schema_grammar(generic_tools.schema(tools), "tools")
+        for text, ok in [(t, True) for t in allowed] + [(t, False) for t in refused]:
+            g = grammar.compile(codec, vocab, rules, "tools")
+            ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+            rows = g.allowed(ids)  # row j: what may follow ids[:j]
+            fits = all(bool(rows[j, t]) for j, t in enumerate(ids))
+            ends = fits and bool(g.allowed(())[0].any())
+            if fits:
+                g.commit(ids)
+                ends = bool(g.allowed(())[0, sorted(codec.stop_ids)].all())
+            assert (fits and ends) == ok, (choice, text)
 
 
 def test_bad_tool_messages_are_a_400_naming_them(served):

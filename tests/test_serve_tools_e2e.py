@@ -13,11 +13,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from serve_helpers import CPU, Server
-from serve_stub import codec_with
-from test_serve_tools import ASK, TIME, WEATHER, template
 
 from specgen.serve import tools as T
+from support.serve import CPU, Server
+from support.serve_stub import codec_with
+from support.serve_tools import ASK, TIME, WEATHER, template
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 
 N = 10
 NAMED = {"type": "function", "function": {"name": "get_time"}}

@@ -8,14 +8,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dspark
+from specgen.api.pipeline import Pipeline
 from specgen.cli import app
-from specgen.config import SamplingParams, SpecConfig, VerifyPolicy
-from specgen.draft import Draft, DraftOption
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption
+from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
+from support.drafters import save_tiny_dspark
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 runner = CliRunner()
 STEPS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)
@@ -123,7 +125,7 @@ def test_each_drafter_drafts_as_if_it_had_drafted_every_step(
     had it drafted every step (as it does alone): its state may follow the committed
     tokens only, never its own earlier proposals. Drafters alternate; in the second run
     the one not chosen drafts too, and its draft is thrown away."""
-    from specgen.drafting.stacked import StackedDrafter
+    from specgen.methods.stacked.drafter import StackedDrafter
 
     original = StackedDrafter.propose
     pipe = _stacked(tiny_qwen3_deep, tiny_dflash, dspark_other_taps, "full")
@@ -189,17 +191,17 @@ def test_a_drafter_for_another_target_is_refused(tiny_qwen3_deep, tiny_dflash, t
         _stacked(tiny_qwen3_deep, tiny_dflash, other)
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_stacked_has_the_target_distribution(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark
 ):
-    from test_dspark import _exact_token_distribution
+    from support.statistics import exact_token_distribution
 
     pipe = _stacked(tiny_qwen3_deep, tiny_dflash, tiny_dspark, "full")
     text = "The quick brown fox"
     prompt = pipe.encode(text, raw=True)
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(pipe.model, prompt, params, 2).float()
+    exact = exact_token_distribution(pipe.model, prompt, params, 2).float()
     counts, session, n = torch.zeros(TINY_VOCAB), pipe.new_session(), 1500
     for seed in range(n):
         sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)

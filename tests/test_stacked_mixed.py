@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3
-from test_cli import FAST, assert_one_line_error, run
 
-from conftest import TINY_VOCAB, chi_square_pvalue, save_tiny_dflash, save_tiny_dspark
-from specgen.config import SamplingParams, SpecConfig
-from specgen.drafting.stacked import StackedDrafter, StackedMethod
-from specgen.errors import CheckpointError, SpecgenError
-from specgen.pipeline import Pipeline
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SamplingParams, SpecConfig
+from specgen.core.errors import CheckpointError, SpecgenError
+from specgen.methods.stacked.drafter import StackedDrafter, StackedMethod
 from specgen.registry import MODELS
 from specgen.scheduling.cost import CostTable
+from support.cli import FAST, assert_one_line_error, run
+from support.drafters import save_tiny_dflash, save_tiny_dspark
+from support.eagle3 import save_eagle3
+from support.statistics import chi_square_pvalue
+from support.targets import TINY_VOCAB
 
 PROMPTS = ("The quick brown fox", "def add(a, b):", "one two one two one two")
 NAMES = ("dflash", "dspark", "eagle3")
@@ -184,9 +186,9 @@ def test_cli_three_drafters_and_bad_input(tiny_qwen3_deep, drafters, tmp_path):
     assert_one_line_error(result, 2, str(deep), str(tiny_qwen3_deep))
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_sampling_through_three_drafters_has_the_target_distribution(ar, drafters, monkeypatch):
-    from test_dspark import _exact_token_distribution
+    from support.statistics import exact_token_distribution
 
     original = StackedDrafter.propose
 
@@ -200,7 +202,7 @@ def test_sampling_through_three_drafters_has_the_target_distribution(ar, drafter
     text = "The quick brown fox"
     prompt = pipe.encode(text, raw=True)
     params = SamplingParams(temperature=1.0, top_k=3)
-    exact = _exact_token_distribution(pipe.model, prompt, params, 2).float()
+    exact = exact_token_distribution(pipe.model, prompt, params, 2).float()
     counts, session, n = torch.zeros(TINY_VOCAB), pipe.new_session(), 1500
     for seed in range(n):
         sampling = SamplingParams(temperature=1.0, top_k=3, seed=seed)

@@ -9,9 +9,9 @@ from rich.console import Console
 
 from specgen.bench.harness import BenchRun, PromptRun
 from specgen.bench.report import summarize
-from specgen.display import drafter_shares, plural, stats_line
-from specgen.live import status_panel
-from specgen.stats import GenStats
+from specgen.core.stats import GenStats
+from specgen.terminal.display import drafter_shares, plural, stats_line
+from specgen.terminal.live import status_panel
 
 
 def _steps() -> GenStats:

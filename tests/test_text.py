@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.text import Detokenizer, TextCodec
+from specgen.text.codec import Detokenizer, TextCodec
 
 SAMPLES = [
     "Café, naïve, 東京, привет, 🙂 — multi-byte text for the tokenizer.",

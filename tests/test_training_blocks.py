@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.methods.dspark.network import load_dspark
+from specgen.models.drafters.dflash import load_dflash
 from specgen.models.loading import load_target
 from specgen.training.blocks import block_forward, make_blocks
 
@@ -62,7 +62,7 @@ def test_training_forward_has_gradients(tiny_qwen3_deep, tiny_dflash):
 
 
 def test_sliding_window_layers_match_the_inference_path(tiny_qwen3_deep, tmp_path):
-    from conftest import save_tiny_dflash
+    from support.drafters import save_tiny_dflash
 
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     path = save_tiny_dflash(tmp_path / "w", target_layer_ids=[1, 3], sliding_window=6,

@@ -8,15 +8,12 @@ import json
 
 import pytest
 import torch
-from eagle3_helpers import save_eagle3, save_target
-from test_cli import assert_one_line_error, run
 
-from specgen.config import SpecConfig
-from specgen.drafting.eagle3 import Eagle3Method
-from specgen.models.eagle3 import load_eagle3
-from specgen.models.loading import load_target, read_config
-from specgen.pipeline import Pipeline
-from specgen.training.eagle3 import (
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.methods.eagle3.drafter import Eagle3Method
+from specgen.methods.eagle3.network import load_eagle3
+from specgen.methods.eagle3.training import (
     CHAIN,
     accepted_lengths,
     chain_hidden,
@@ -26,10 +23,13 @@ from specgen.training.eagle3 import (
     new_eagle3,
     trainable,
 )
-from specgen.training.eagle3 import (
+from specgen.methods.eagle3.training import (
     save_eagle3 as write_eagle3,
 )
+from specgen.models.loading import load_target, read_config
 from specgen.training.trainer import Sequence, Vocab, prepare
+from support.cli import assert_one_line_error, run
+from support.eagle3 import save_eagle3, save_target
 
 TEXT = "The quick brown fox"
 

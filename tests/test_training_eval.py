@@ -5,23 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SpecConfig
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.methods.dspark.network import load_dspark
+from specgen.models.drafters.dflash import load_dflash
 from specgen.models.loading import load_target
-from specgen.pipeline import Pipeline
-from specgen.training.evaluate import accepted_lengths, offline_acceptance
 from specgen.training.features import SHARD, target_features
-from specgen.training.trainer import Prepared, Sequence, prepare, sequence_loss, trainable
+from specgen.training.kind import training_of
+from specgen.training.trainer import Prepared, Sequence, prepare
 
 
-def _fit(target, net, seq: Sequence, steps: int = 30) -> None:
+def _fit(target, net, hooks, seq: Sequence, steps: int = 30) -> None:
     """A few steps on one answer, so the drafter accepts some drafts and misses others."""
-    opt = torch.optim.AdamW(trainable(net), lr=3e-3)
+    opt = torch.optim.AdamW(hooks.trainable(net), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        loss, _ = sequence_loss(target, net, seq, anchors_per_sequence=16, gamma=4.0,
-                                generator=gen)  # fmt: skip
+        loss, _ = hooks.loss(target, net, seq, anchors_per_sequence=16, gamma=4.0,
+                             generator=gen)  # fmt: skip
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -33,7 +33,6 @@ def test_offline_walk_accepts_what_real_decoding_accepts(
     tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path, kind
 ):
     from specgen.models.loading import read_config
-    from specgen.training.checkpoint import save_drafter
 
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     load = load_dflash if kind == "dflash" else load_dspark
@@ -44,14 +43,15 @@ def test_offline_walk_accepts_what_real_decoding_accepts(
     prompt = base.encode(text, raw=True)
     answer = base.generate(text, raw=True, max_new_tokens=48).token_ids
     seq = Sequence(prompt + answer, len(prompt))
-    _fit(target, net, Sequence(prompt + answer[:24], len(prompt)))  # learns half of it
-    out = save_drafter(tmp_path / kind, net, read_config(tiny_qwen3_deep, "t"), dtype=torch.float32)
+    hooks = training_of(kind)
+    _fit(target, net, hooks, Sequence(prompt + answer[:24], len(prompt)))  # learns half of it
+    out = hooks.save(tmp_path / kind, net, read_config(tiny_qwen3_deep, "t"), dtype=torch.float32)
     spec = SpecConfig(drafter=str(out), verify_policy="full", trace=True)
     got = base.with_spec(spec).generate(text, raw=True, max_new_tokens=48)
     assert got.token_ids == answer
     backbone = net.backbone if kind == "dspark" else net
     item = prepare(target, seq, tuple(backbone.args.target_layer_ids), last=kind == "dspark")
-    lo, accepted = accepted_lengths(target, net, item)
+    lo, accepted = hooks.accepted_lengths(target, net, item)
     assert lo == len(prompt)
     steps = got.stats.trace[1:-1]  # after the prefill; the last step is cut by the token cap
     assert any(r["accepted"] > 0 for r in steps) and any(r["accepted"] == 0 for r in steps)
@@ -59,7 +59,7 @@ def test_offline_walk_accepts_what_real_decoding_accepts(
     for record in steps:
         assert int(accepted[p - lo]) == record["accepted"], p
         p += record["accepted"] + 1
-    result = offline_acceptance(target, net, [item])
+    result = hooks.evaluate(target, net, [item])
     assert result.tau > 1.0 and result.steps >= len(steps)
 
 

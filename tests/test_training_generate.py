@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.core.config import SamplingParams
 from specgen.engine.ar import generate_ar
 from specgen.models.loading import load_target
 from specgen.training.generate import answer_prompts, batch_order, greedy_batch

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.dspark import load_dspark
-from specgen.models.dspark_reference import reference_heads
+from oracles.dspark import reference_heads
+from specgen.methods.dspark.network import load_dspark
+from specgen.methods.dspark.training import dspark_loss, markov_logits
 from specgen.models.loading import load_target
-from specgen.training.losses import dflash_loss, dspark_loss, markov_logits, slot_weights
+from specgen.training.losses import dflash_loss, slot_weights
 
 
 def test_slot_weights_decay_and_stop_at_the_first_missing_target():
@@ -46,7 +47,7 @@ def test_dspark_loss_parts():
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
 def test_teacher_forced_markov_logits_match_the_oracle(tiny_qwen3_deep, tmp_path, kind):
-    from conftest import save_tiny_dspark
+    from support.drafters import save_tiny_dspark
 
     target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     net = load_dspark(save_tiny_dspark(tmp_path / kind, kind=kind), target=target,

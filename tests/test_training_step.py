@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import SpecConfig
-from specgen.models.dflash import load_dflash
-from specgen.models.dspark import load_dspark
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.methods.dspark.network import load_dspark
+from specgen.models.drafters.dflash import load_dflash
 from specgen.models.loading import load_target, read_config
-from specgen.pipeline import Pipeline
-from specgen.training.checkpoint import save_drafter
-from specgen.training.trainer import Sequence, sequence_loss, trainable
+from specgen.training.kind import training_of
+from specgen.training.trainer import Sequence
 
 
 @pytest.mark.slow
@@ -28,18 +28,19 @@ def test_training_lowers_the_loss_and_the_checkpoint_round_trips(
     answer = base.generate("The quick brown fox", raw=True, max_new_tokens=40)
     prompt = base.encode("The quick brown fox", raw=True)
     seq = Sequence(prompt + answer.token_ids, len(prompt))
-    opt = torch.optim.AdamW(trainable(net), lr=3e-3)
+    hooks = training_of(kind)
+    opt = torch.optim.AdamW(hooks.trainable(net), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(25):
-        loss, parts = sequence_loss(target, net, seq, anchors_per_sequence=16, gamma=4.0,
-                                    generator=gen)  # fmt: skip
+        loss, parts = hooks.loss(target, net, seq, anchors_per_sequence=16, gamma=4.0,
+                                 generator=gen)  # fmt: skip
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) < 0.9 * sum(losses[:5])
-    out = save_drafter(tmp_path / kind, net, read_config(tiny_qwen3_deep, "t"), dtype=torch.float32)
+    out = hooks.save(tmp_path / kind, net, read_config(tiny_qwen3_deep, "t"), dtype=torch.float32)
     again = load(out, target=target, target_name="t", name="trained")
     for (name, a), b in zip(net.state_dict().items(), again.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
@@ -68,9 +69,8 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
     whole = train(target, config, data, cfg, tmp_path / "whole")
     assert whole["steps"] == 9 and (tmp_path / "whole" / "state.safetensors").is_file()
 
-    import specgen.training.loop as loop
-
-    calls, real = [], loop.sequence_loss
+    hooks = training_of("dspark")
+    calls, real = [], hooks.loss
 
     def interrupted(*args, **kwargs):  # killed during step 8, after the step-6 checkpoint
         calls.append(1)
@@ -78,12 +78,12 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    loop.sequence_loss = interrupted
+    hooks.loss = interrupted  # the instance's own attribute, removed below
     try:
         with pytest.raises(KeyboardInterrupt):
             train(target, config, data, cfg, tmp_path / "d")
     finally:
-        loop.sequence_loss = real
+        del hooks.loss
     # the stopped run left a drafter: the step-6 checkpoint's weights, marked unfinished
     stopped = load_dspark(tmp_path / "d", target=target, target_name="t", name="stopped")
     record = json.loads((tmp_path / "d" / "config.json").read_text())["specgen_training"]
@@ -109,13 +109,14 @@ def test_training_loop_resumes_and_writes_a_loadable_drafter(
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_drafter_layers_start_as_the_targets_next_layers(tiny_dirs, family):
     from specgen.training.init import init_from_target
-    from specgen.training.loop import TrainConfig, drafter_config, new_drafter
+    from specgen.training.loop import TrainConfig
 
     target = load_target(tiny_dirs[family], dtype=torch.float32, device="cpu")
     config = read_config(tiny_dirs[family], "t")
     cfg = TrainConfig(draft_layers=2, target_layers=(1, 0))
     n = target.args.num_layers
-    net = new_drafter(target, drafter_config(config, n, cfg), "dflash", 0)
+    hooks = training_of("dflash")
+    net = hooks.new(target, hooks.config(config, n, cfg, None), cfg, None)
     init_from_target(net, target)
     sources = [target.layers[min(2 + i, n - 1)] for i in range(2)]  # after the top tap
     for mine, theirs in zip(net.layers, sources, strict=True):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.errors import CheckpointError
-from specgen.models.dspark import load_dspark
+from specgen.core.errors import CheckpointError
+from specgen.methods.dspark.network import load_dspark
 from specgen.models.loading import load_target, read_config
 from specgen.training.loop import TrainConfig, load_sequences, split_holdout, train
 from specgen.training.trainer import Sequence

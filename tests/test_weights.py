@@ -1,4 +1,4 @@
-"""The weight seam (models/weights.py): every projection, the embedding and the head go
+"""The weight seam (models/formats/weights.py): every projection, the embedding and the head go
 through a `LinearWeight`, so a storage format is a class, not a change to the layers.
 
 The test format stores its matrix transposed ([in, out]) and multiplies accordingly: a
@@ -12,16 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.config import SpecConfig
-from specgen.models.loading import load_target
-from specgen.models.weights import (
+from specgen.api.pipeline import Pipeline
+from specgen.core.config import SpecConfig
+from specgen.models.formats.weights import (
     FORMATS,
     DenseWeight,
     LinearWeight,
     convert_weights,
     register_format,
 )
-from specgen.pipeline import Pipeline
+from specgen.models.loading import load_target
 
 
 class Transposed(LinearWeight):

@@ -19,11 +19,10 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
-from specgen.config import ModelArgs, SamplingParams, SpecConfig
-from specgen.errors import SpecgenError
-from specgen.methods import AR
-from specgen.pipeline import Chunk, Completion, Pipeline
-from specgen.stats import GenStats
+from specgen.api.pipeline import Chunk, Completion, Pipeline
+from specgen.core.config import AR, ModelArgs, SamplingParams, SpecConfig
+from specgen.core.errors import SpecgenError
+from specgen.core.stats import GenStats
 
 __version__ = "0.1.0"
 

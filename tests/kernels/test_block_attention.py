@@ -67,7 +67,7 @@ def test_kernel_matches_the_reference_with_a_sliding_window(t, n, window, causal
 
 
 def test_a_sliding_window_is_the_drafters_window_mask():
-    from specgen.models.dflash import _window_mask
+    from specgen.models.drafters.dflash import _window_mask
 
     q, k, v, length = (x.cpu() for x in _case(1, 4, 2, 6, 100, 40, 16, torch.float32, 1))
     want = attention(q, k[:, :, :40], v[:, :, :40], _window_mask(5, 34, 6, "cpu"), False)

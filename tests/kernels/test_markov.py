@@ -85,9 +85,9 @@ def test_sampling_kernel_matches_the_reference(
 
 
 def test_the_reference_is_the_drafters_sampled_draw(target, tiny_dspark):
-    from specgen.config import SamplingParams
-    from specgen.drafting.dspark import markov_draw, race_noise
-    from specgen.models.dspark import load_dspark
+    from specgen.core.config import SamplingParams
+    from specgen.methods.dspark.drafter import markov_draw, race_noise
+    from specgen.methods.dspark.network import load_dspark
 
     net = load_dspark(tiny_dspark, target=target, target_name="t", name="d")
     gen = torch.Generator().manual_seed(0)
@@ -105,9 +105,9 @@ def test_the_reference_is_the_drafters_sampled_draw(target, tiny_dspark):
 
 
 def test_the_reference_is_the_drafters_greedy_draw(target, tiny_dspark):
-    from specgen.config import SamplingParams
-    from specgen.drafting.dspark import markov_draw
-    from specgen.models.dspark import load_dspark
+    from specgen.core.config import SamplingParams
+    from specgen.methods.dspark.drafter import markov_draw
+    from specgen.methods.dspark.network import load_dspark
 
     net = load_dspark(tiny_dspark, target=target, target_name="t", name="d")
     gen = torch.Generator().manual_seed(0)

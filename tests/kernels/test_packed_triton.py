@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from packed_helpers import ALL_KINDS, random_blocks
 
 from specgen.kernels import triton_available
 from specgen.kernels.packed import packed_linear_torch
-from specgen.models.gguf_blocks import packed_from_blocks
-from specgen.models.packed import quantize
+from specgen.models.formats.gguf.blocks import packed_from_blocks
+from specgen.models.formats.packed_matrix import quantize
+from support.packed import ALL_KINDS, random_blocks
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="Triton not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

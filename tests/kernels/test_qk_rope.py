@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.config import RopeArgs
+from specgen.core.config import RopeArgs
 from specgen.kernels import triton_available
 from specgen.kernels.qk_rope import qk_norm_rope_torch
-from specgen.models.rope import rope_tables
+from specgen.models.layers.rope import rope_tables
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="Triton not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from oracles.verify import verify_reference
 from specgen.kernels import triton_available
 from specgen.kernels.verify import verify_torch
-from specgen.verify.reference import verify_reference
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="Triton not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from specgen.bench.stream import Answer, collect, error_text, short_text
-from specgen.config import SamplingParams
-from specgen.errors import SpecgenError
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
 
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 300.0  # between two reads: a long prefill of a big model still fits

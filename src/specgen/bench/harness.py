@@ -26,17 +26,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.api.pipeline import Pipeline
 from specgen.bench.endpoint import EndpointClient
 from specgen.bench.modeled import prices_of
 from specgen.bench.stream import ServedStats
 from specgen.bench.suites import BenchPrompt
 from specgen.bench.transformers_baseline import TransformersBaseline
-from specgen.config import SamplingParams
+from specgen.core.config import AR, SamplingParams
+from specgen.core.stats import GenStats
 from specgen.engine.session import Session
-from specgen.methods import AR
-from specgen.pipeline import Pipeline
 from specgen.scheduling.cost import modeled
-from specgen.stats import GenStats
 
 Progress = Callable[[str], None]  # called after each generation with a short label
 

@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.bench.harness import BenchRun, PromptRun
-from specgen.errors import SpecgenError
-from specgen.methods import AR
+from specgen.core.config import AR
+from specgen.core.errors import SpecgenError
 
 ALL = "all"
 

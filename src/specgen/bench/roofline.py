@@ -8,7 +8,7 @@ of the hardware AR uses. Peak bandwidths are the vendors' figures.
 
 from __future__ import annotations
 
-from specgen.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.models.family import family_of
 from specgen.models.transformer import Transformer
 

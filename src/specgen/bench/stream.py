@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 

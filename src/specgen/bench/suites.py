@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.errors import PromptError, SpecgenError
-from specgen.prompts import prompt_text, read_prompts
+from specgen.core.errors import PromptError, SpecgenError
+from specgen.text.prompts import prompt_text, read_prompts
 
 BUILTIN = "builtin"
 BUILTIN_FILE = Path(__file__).with_name("suite.jsonl")

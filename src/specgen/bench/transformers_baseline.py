@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.stats import GenStats
+from specgen.core.config import SamplingParams
+from specgen.core.stats import GenStats
 
 
 class _FirstToken:
@@ -43,7 +43,7 @@ class TransformersBaseline:
         from transformers import AutoModelForCausalLM
 
         if path.suffix == ".gguf":  # transformers reads the dequantized copy specgen caches
-            from specgen.models.gguf import ensure_converted
+            from specgen.models.formats.gguf.convert import ensure_converted
 
             path = ensure_converted(path, weights=True)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()

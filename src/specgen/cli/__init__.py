@@ -39,7 +39,7 @@ def version() -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        from specgen import display
+        from specgen.terminal import display
 
         display.write(f"specgen {version()}\n")
         raise typer.Exit()

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import Run, run_options
-from specgen.errors import SpecgenError
-from specgen.methods import AR
+from specgen.core.config import AR
+from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 if TYPE_CHECKING:
     from specgen.bench.endpoint import EndpointClient
@@ -22,7 +22,7 @@ Examples:
 
   specgen bench
 
-  specgen bench --suite ../shared/data/spec_bench.jsonl --num-prompts 12 --json
+  specgen bench --suite benchmarks/prompts/spec_bench.jsonl --num-prompts 12 --json
 
   specgen bench --model qwen3-8b --methods ar,dflash,dspark --suite mt-bench --plot bench.png
 
@@ -39,7 +39,7 @@ Examples:
     without=("top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
              "show_drafts"),
     max_new_tokens=128, seed=0,
-    helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
+    helps={"quiet": "No progress bar or status lines: only the table (or the --json line)."},
 )  # fmt: skip
 def bench(
     methods: Annotated[
@@ -70,7 +70,11 @@ def bench(
         str | None, typer.Option("--plot", help="Write a PNG of the results (needs matplotlib).")
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="End with one JSON line holding every number.")
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON line holding every number on stdout (the table "
+            "goes to stderr)."
+        ),
     ] = False,
     endpoint: Annotated[
         list[str] | None,
@@ -174,9 +178,10 @@ def bench(
             }  # fmt: skip
         summary = summarize(result, meta)
         summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result) if ar else None
-        display.show(results_table(summary))
+        # with --json, stdout carries the JSON alone (`| jq` works) and the table goes to stderr
+        display.show(results_table(summary), err=json_out)
         for line in acceptance_lines(summary):
-            display.show(line)
+            display.show(line, err=json_out)
         if plot:
             write_plot(summary, plot)
             if not run.quiet:
@@ -212,8 +217,8 @@ def _endpoints(
     urls: list[str], models: list[str], names: list[str], api_key: str | None, quiet: bool
 ) -> dict[str, EndpointClient]:
     """Each --endpoint, probed (its models listed, a short warm-up answer), by its name."""
+    from specgen.api.spec import METHODS
     from specgen.bench.endpoint import EndpointClient, base_url, default_name
-    from specgen.spec import METHODS
 
     if (models or names) and not urls:
         raise SpecgenError("--endpoint-model and --endpoint-name need an --endpoint URL")
@@ -248,18 +253,20 @@ def _endpoints(
 
 def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     """The AR pipeline and one per method, all on one loaded target, with the same engine
-    and CUDA-graph settings (`specgen.method_pipelines.load_methods`); hf: transformers'
+    and CUDA-graph settings (`specgen.api.method_pipelines.load_methods`); hf: transformers'
     generate."""
-    from specgen.drafting import DRAFTERS
-    from specgen.method_pipelines import drafters_by_kind, load_methods
+    from specgen.api.method_pipelines import drafters_by_kind, load_methods
+    from specgen.api.spec import METHODS
+    from specgen.methods import DRAFTERS
     from specgen.registry import MODELS
-    from specgen.spec import METHODS
 
     by_kind = drafters_by_kind(drafters)
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
-        names = [AR, "ngram"] + [
+        # AR, the methods that need no drafter, then those whose drafter is at hand
+        free = [m for m, cls in DRAFTERS.items() if not cls.needs_drafter]
+        names = [AR, *free] + [
             m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_kind or m in known)
         ]
     else:

@@ -2,7 +2,7 @@
 
 Runs the drafter on the user's prompts with every draft verified whole (so each position
 is judged whenever it is reached), records each step's confidence logits and accepted
-count, fits the temperatures left to right (`drafting/calibration.py`) and writes
+count, fits the temperatures left to right (`methods/dspark/calibration.py`) and writes
 `calibration.json` beside the drafter, where `--method dspark` picks it up.
 """
 
@@ -14,11 +14,11 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import Run, run_options
-from specgen.errors import SpecgenError
-from specgen.prompts import read_prompts
+from specgen.core.errors import SpecgenError
+from specgen.terminal import display
+from specgen.text.prompts import read_prompts
 
 
 @run_options(
@@ -70,16 +70,14 @@ def calibrate(
     calibration.json into the drafter's directory (or --out), where generating with that
     drafter picks it up. Calibrate at the --temperature you generate with."""
     with user_errors(run.debug):
-        from specgen.drafting.calibration import fit_temperatures, save_calibration
         from specgen.hub import resolve_drafter
+        from specgen.methods.dspark.calibration import fit_temperatures, save_calibration
 
         sampling = run.sampling()
         texts = [p.text for path in prompts for p in read_prompts(path)]
         texts = texts[:num_prompts] if num_prompts > 0 else texts
         pipe = run.load(run.spec(method="dspark", verify_policy="full", trace=True))
-        if not pipe.method.net.args.confidence:
-            raise SpecgenError(f"{pipe.spec.drafter} has no confidence head to calibrate")
-        pipe.method.calibration = None  # fit the head's raw logits
+        pipe.method.uncalibrated(pipe.spec.drafter)  # fit the head's raw logits
         steps = []
         for i, text in enumerate(texts, start=1):
             done = pipe.generate(
@@ -116,7 +114,7 @@ def calibrate(
 
 def _steps(trace: list[dict]):
     """Calibration samples from a traced answer: the verified part of each draft."""
-    from specgen.drafting.calibration import Step
+    from specgen.methods.dspark.calibration import Step
 
     for record in trace:
         n = record["verify_length"]

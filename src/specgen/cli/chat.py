@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
 from specgen.cli.terminal import typing_held
-from specgen.config import SamplingParams
-from specgen.display import plural
-from specgen.errors import SpecgenError
-from specgen.live import answer_view
-from specgen.models.kv_cache import ContextLimitError
-from specgen.stats import GenStats
+from specgen.core.config import SamplingParams
+from specgen.core.errors import SpecgenError
+from specgen.core.stats import GenStats
+from specgen.models.cache.kv import ContextLimitError
+from specgen.terminal import display
+from specgen.terminal.display import plural
+from specgen.terminal.live import answer_view
 
 if TYPE_CHECKING:
-    from specgen.live import AnswerView
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
+    from specgen.terminal.live import AnswerView
 
 HELP = "commands: /reset (forget the conversation), /stats (session totals), /exit"
 

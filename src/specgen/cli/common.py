@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import typer
 
-from specgen import display
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 
 @contextmanager

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import DebugOpt, ModelOpt, Run
+from specgen.terminal import display
 
 
 def export(
@@ -31,7 +31,7 @@ def export(
     stderr, the `specgen bench --endpoint` line that measures it)."""
     with user_errors(debug):
         from specgen.bench.suites import BUILTIN
-        from specgen.errors import SpecgenError
+        from specgen.core.errors import SpecgenError
         from specgen.export import bench_command, launch_command, notes, resolve_target
 
         if tp < 1 or not 0 < port < 65536:

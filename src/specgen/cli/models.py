@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import DebugOpt, DequantizeOpt, JsonOpt, QuantizeOpt, Run
-from specgen.errors import ModelNotFoundError
+from specgen.core.errors import ModelNotFoundError
 from specgen.registry import DEFAULT_ALIAS, MODELS, ModelEntry
+from specgen.terminal import display
 
 
 def _status(entry: ModelEntry) -> str:
@@ -59,10 +59,10 @@ def models(
 
 def _weights(model: str, quantize: str | None, dequantize: bool, json_out: bool) -> None:
     quiet_libraries()
-    from specgen.device import resolve_device, resolve_dtype
+    from specgen.api.loader import load_weights
+    from specgen.core.device import resolve_device, resolve_dtype
     from specgen.hub import resolve_model
-    from specgen.loader import load_weights
-    from specgen.models.weights import describe_weights
+    from specgen.models.formats.weights import describe_weights
 
     resolved = resolve_model(model, notify=None if json_out else display.status)
     dev = resolve_device("cpu")
@@ -111,5 +111,5 @@ def pull(
                 display.status(f"{repo} ships with specgen")
                 continue
             display.status(f"fetching {repo}")
-            path = download(repo, alias=entry.alias)
+            path = download(repo, alias=entry.alias, pulling=True)
             display.status(f"{repo} -> {path}")

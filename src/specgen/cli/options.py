@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
 
-from specgen.config import (
+from specgen.core.config import (
+    AR,
     DEFAULT_MAX_NEW_TOKENS,
     SamplingParams,
     SpecConfig,
     VerifyPolicy,
     checked_max_new_tokens,
 )
-from specgen.drafting import METHODS
-from specgen.errors import SpecgenError
-from specgen.methods import AR
+from specgen.core.errors import SpecgenError
+from specgen.methods import METHODS
 from specgen.registry import DEFAULT_ALIAS
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 DEFAULT_MODEL = DEFAULT_ALIAS
 
@@ -257,9 +257,9 @@ class Run:
 
     def load(self, spec: SpecConfig | None = None) -> Pipeline:
         """The target (and drafter) these options name, reporting slow one-off work."""
-        from specgen import display
+        from specgen.api.pipeline import Pipeline
         from specgen.cli.common import quiet_libraries
-        from specgen.pipeline import Pipeline
+        from specgen.terminal import display
 
         quiet_libraries()
         if self.threads is not None:

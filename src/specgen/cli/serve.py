@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
+from specgen.terminal import display
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 EXAMPLES = """
 Examples:
@@ -94,10 +94,18 @@ def serve(
         float,
         typer.Option(
             "--shutdown-timeout",
-            help="Seconds answers in flight get to finish after Ctrl-C/SIGTERM before they "
-            "are cut (finish_reason cancelled); a second Ctrl-C cuts them at once.",
+            help="Seconds answers in flight and queued get to finish after Ctrl-C/SIGTERM; "
+            "then they are cut and the server exits (within about 3 s more). A second "
+            "Ctrl-C cuts them at once.",
         ),
-    ] = 10.0,
+    ] = 5.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout",
+            help="Seconds a client may take to send its request body; then 408.",
+        ),
+    ] = 30.0,
     *,
     run: Run,
 ) -> None:
@@ -118,7 +126,8 @@ def serve(
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,
             max_body_bytes=max_body_bytes,
-            shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
+            shutdown_timeout=shutdown_timeout, body_timeout=body_timeout,
+            defaults=defaults, quiet=run.quiet,
             debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip
         config.check()
@@ -130,7 +139,7 @@ serve.__doc__ = (serve.__doc__ or "") + EXAMPLES
 
 def _names(methods: list[str] | None, run: Run) -> list[str]:
     """The methods to load, the default first; empty: the one `--method` says."""
-    from specgen.spec import METHODS
+    from specgen.api.spec import METHODS
 
     names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
     if not names:
@@ -145,14 +154,14 @@ def _names(methods: list[str] | None, run: Run) -> list[str]:
 def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
     """What the server's worker thread calls to load the pipelines (method -> pipeline):
     as `generate` loads one, or the first of `names` and the others on its weights
-    (`specgen.method_pipelines.load_methods`)."""
+    (`specgen.api.method_pipelines.load_methods`)."""
 
     def load_one() -> dict[str, Pipeline]:
         pipe = run.load()
         return {pipe.spec.method: pipe}
 
     def load_several() -> dict[str, Pipeline]:
-        from specgen.method_pipelines import drafters_by_kind, load_methods
+        from specgen.api.method_pipelines import drafters_by_kind, load_methods
 
         plain = replace(run, method=None)  # --method ar names the default, not "no drafter"
         return load_methods(

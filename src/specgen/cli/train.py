@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from specgen import display
 from specgen.cli.common import quiet_libraries, user_errors
 from specgen.cli.options import DebugOpt, DequantizeOpt, DeviceOpt, ModelOpt, QuantizeOpt, Run
-from specgen.display import plural
+from specgen.terminal import display
+from specgen.terminal.display import plural
 
 
 def train(
@@ -110,19 +110,19 @@ def train(
         quiet_libraries()
         import torch
 
-        from specgen.device import resolve_device
-        from specgen.errors import SpecgenError
+        import specgen.methods  # noqa: F401  (registers every method's training hooks)
+        from specgen.api.loader import load_weights
+        from specgen.core.device import resolve_device
+        from specgen.core.errors import SpecgenError
+        from specgen.core.paths import specgen_home
         from specgen.hub import resolve_model
-        from specgen.loader import load_weights
         from specgen.models.loading import read_config
-        from specgen.paths import specgen_home
+        from specgen.training.kind import training_of
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
-        if kind not in ("dflash", "dspark", "eagle3"):
-            raise SpecgenError(f"--kind must be dflash, dspark or eagle3 (got {kind!r})")
-        if kind == "eagle3" and init != "random":
-            raise SpecgenError(f"--kind eagle3 starts from random weights only (got --init {init})")
+        if not training_of(kind).warm_starts and init != "random":
+            raise SpecgenError(f"--kind {kind} starts from random weights only (got --init {init})")
         if init not in ("target", "random") and not (Path(init) / "config.json").is_file():
             raise SpecgenError(
                 f"--init must be random, target or a drafter directory (got {init!r})"
@@ -213,9 +213,9 @@ def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens
     """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
     import torch
 
-    from specgen.loader import load_weights
-    from specgen.prompts import read_prompts
-    from specgen.text import TextCodec
+    from specgen.api.loader import load_weights
+    from specgen.text.codec import TextCodec
+    from specgen.text.prompts import read_prompts
     from specgen.training.generate import answer_prompts, generation_dtype
 
     texts = [p.text for path in prompts for p in read_prompts(path)]

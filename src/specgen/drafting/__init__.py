@@ -1,10 +1,7 @@
-"""Drafters. Importing this package registers every built-in method in `DRAFTERS`."""
+"""What every drafter method builds on: the protocols and the registry (`base`), a block
+drafter's context, loader and fixed-shape step, draft vocabularies. The methods themselves
+live in `specgen.methods`, which registers them."""
 
-from specgen.drafting import dflash, dflash2, dspark, eagle3, ngram, stacked  # noqa: F401  (registers methods)
 from specgen.drafting.base import DRAFTERS, Checkpoint, Drafter, DraftMethod, method_of, register
-from specgen.methods import AR
 
-# What --method (and a request's method) accepts: plain decoding, then every drafter above.
-METHODS = (AR, *DRAFTERS)
-
-__all__ = ["DRAFTERS", "METHODS", "Checkpoint", "DraftMethod", "Drafter", "method_of", "register"]
+__all__ = ["DRAFTERS", "Checkpoint", "DraftMethod", "Drafter", "method_of", "register"]

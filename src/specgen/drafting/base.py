@@ -20,16 +20,16 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
-from specgen.draft import Draft, DraftOption
-from specgen.errors import CheckpointError
-from specgen.methods import AR
+from specgen.core.config import AR
+from specgen.core.draft import Draft, DraftOption
+from specgen.core.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from specgen.config import SamplingParams, SpecConfig
+    from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 
@@ -138,6 +138,12 @@ class DraftMethod(Protocol):
     drafters_needed: ClassVar[int] = 1
     # methods whose checkpoints `--method NAME` also runs, under their own name
     variants: ClassVar[tuple[str, ...]] = ()
+    # how `specgen train --kind NAME` trains one (a training.kind.DrafterTraining; None:
+    # not trainable) and how `specgen export` serves one elsewhere (an
+    # export_hints.ExportHints; None: no other engine runs it); held here, typed loosely,
+    # so that the registry stays below the training kit and the exporter
+    training: ClassVar[Any] = None
+    export: ClassVar[Any] = None
     max_draft_tokens: int
     cache_key: str  # the drafter and its settings, for cached draft costs
 

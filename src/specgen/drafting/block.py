@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from specgen.draft import Draft
+from specgen.core.draft import Draft
+from specgen.core.errors import SpecgenError
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter
 from specgen.drafting.context import DraftContext
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
-from specgen.errors import SpecgenError
-from specgen.models.graphs import graphs_failed
+from specgen.models.graphs import GREEDY, StepGraphs
 
 if TYPE_CHECKING:
-    from specgen.config import SpecConfig
-    from specgen.models.dflash import DFlashNet
+    from specgen.core.config import SpecConfig
+    from specgen.models.drafters.dflash import DFlashNet
     from specgen.models.transformer import Transformer
 
 
@@ -108,8 +108,7 @@ class BlockDrafter(ResidentDrafter):
     taps: tuple[int, ...]
     context: DraftContext
     backbone: DFlashNet
-    static: StaticBlockDraft | None  # the draft step as a CUDA graph
-    _eager: StaticBlockDraft | None = None  # the same step, run eagerly
+    steps: StepGraphs  # the fixed-shape draft steps (CUDA graphs with graphs on)
 
     def __init__(self, method: BlockMethod, capacity: int, backbone: DFlashNet) -> None:
         self.method = method
@@ -120,11 +119,12 @@ class BlockDrafter(ResidentDrafter):
             backbone.new_cache(capacity), backbone.extend, backbone.extend_at
         )
         self._masks = [backbone.args.mask_token_id] * (method.block_size - 1)
-        self.static = self.static_draft(capture=True) if method.cuda_graphs else None
+        self.steps = StepGraphs(self.build_step, on=method.cuda_graphs)
 
     @abstractmethod
-    def static_draft(self, *, capture: bool) -> StaticBlockDraft:
-        """The drafter's fixed-shape draft step (its head on `StaticBlockDraft`)."""
+    def build_step(self, key: Any, capture: bool) -> Callable[..., Draft]:
+        """The drafter's fixed-shape draft step for `key` (`GREEDY`, or the sampling
+        setting its sampled steps are keyed by): its head on `StaticBlockDraft`."""
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.net.parameters(), self.context.cache.k, self.context.cache.v]
@@ -161,22 +161,9 @@ class BlockDrafter(ResidentDrafter):
     def _graphed(
         self, anchor: int | torch.Tensor, start: int | torch.Tensor, k: int
     ) -> Draft | None:
-        """The greedy draft as a graph replay; None without a graph (or when its capture
-        just failed: the session then drafts eagerly, with the same output)."""
-        if self.static is not None:
-            try:
-                return self.static(anchor, start, k)
-            except RuntimeError as e:  # a capture this setup cannot do
-                self.static = None
-                graphs_failed(e)
-        return None
+        """The greedy draft as a graph replay; None with graphs off (the ordinary path)."""
+        return self.steps.replay(GREEDY, anchor, start, k)
 
     def _fixed(self, anchor: torch.Tensor, start: torch.Tensor, k: int) -> Draft:
         """The fixed-shape greedy draft from device state: replayed, or run eagerly."""
-        draft = self._graphed(anchor, start, k)
-        return self._eager_step()(anchor, start, k) if draft is None else draft
-
-    def _eager_step(self) -> StaticBlockDraft:
-        if self._eager is None:
-            self._eager = self.static_draft(capture=False)
-        return self._eager
+        return self.steps(GREEDY, anchor, start, k)

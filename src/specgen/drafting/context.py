@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 
 MAX_PENDING = 64  # tokens of features held back before they are projected anyway
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.draft import Draft
+from specgen.core.draft import Draft
 from specgen.drafting.context import DraftContext
 from specgen.models.graphs import Replay, set_input
 
 if TYPE_CHECKING:
-    from specgen.models.dflash import DFlashNet
+    from specgen.models.drafters.dflash import DFlashNet
     from specgen.models.transformer import Transformer
 
 

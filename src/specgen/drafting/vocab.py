@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from specgen.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.kernels.linear import linear
-from specgen.models.packed import PackedMatrix
-from specgen.models.weights import LinearWeight
-from specgen.models.weights_packed import PackedWeight
+from specgen.models.formats.packed_matrix import PackedMatrix
+from specgen.models.formats.packed_weight import PackedWeight
+from specgen.models.formats.weights import LinearWeight
 
 FILE = "draft_vocab.json"
 

@@ -11,22 +11,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.core import clock
+from specgen.core.config import SamplingParams
+from specgen.core.paths import specgen_home
+from specgen.core.stats import GenStats
 from specgen.drafting.base import DraftMethod
 from specgen.kernels.packed import activations
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
-from specgen.paths import specgen_home
 from specgen.scheduling.cost import CostTable, modeled
 from specgen.scheduling.learning import Schedulers
 from specgen.scheduling.scheduler import VerifyScheduler
-from specgen.stats import GenStats
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
 CHECK_STEPS = 32  # decoding steps a cost table is held against before it is judged
@@ -147,11 +147,11 @@ def measure_costs(
         for sweep in range(repeats + 1):  # the first sweep warms up
             for n, block in enumerate(blocks):
                 _sync(device)
-                start = time.perf_counter()
+                start = clock.now()
                 forward(block, cache)
                 _sync(device)
                 if sweep:
-                    seconds[n] = min(seconds[n], time.perf_counter() - start)
+                    seconds[n] = min(seconds[n], clock.now() - start)
                 cache.rollback(context)
         table.append(tuple(seconds))
     return CostTable(contexts or (1,), tuple(table))
@@ -177,12 +177,12 @@ def measure_draft_seconds(
     for attempt in range(repeats + 1):  # the first warms up
         for k in range(1, method.max_draft_tokens + 1):
             _sync(device)
-            start = time.perf_counter()
+            start = clock.now()
             drafter.observe(ids[0, context:].tolist(), step)
             drafter.propose(anchor, k, params, None)
             _sync(device)
             if attempt:
-                best[k - 1] = min(best[k - 1], time.perf_counter() - start)
+                best[k - 1] = min(best[k - 1], clock.now() - start)
             drafter.rollback(context)
     return tuple(best)
 

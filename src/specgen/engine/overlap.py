@@ -23,7 +23,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-from specgen.events import StepEvent
+from specgen.core.events import StepEvent
 
 DEPTH = 2  # finished steps the decoding thread may run ahead of the caller
 

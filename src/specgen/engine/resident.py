@@ -23,19 +23,19 @@ Host syncs: the prefill's first token, and per step the event of the step before
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft, empty_draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft, empty_draft
+from specgen.core.events import StepEvent
 from specgen.drafting.base import ResidentDrafter
 from specgen.engine.answer import Answer, reported
 from specgen.engine.loop import draft_room, prefill
-from specgen.events import StepEvent
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
@@ -103,12 +103,14 @@ def generate_resident(
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
     history: Sequence[int] = (),
+    cancel: Callable[[], bool] | None = None,
 ) -> Iterator[StepEvent]:
     """`engine.loop.generate_speculative` with the step state on the device (see above);
-    the penalty counts stay there too, and logprobs ride the step's copy to the host."""
+    the penalty counts stay there too, and logprobs ride the step's copy to the host.
+    A constrained answer takes the host loop (its masks need each step's tokens)."""
     answer = Answer(max_new_tokens, stop_ids)
     generator, anchor_t, first, penalties = prefill(
-        forward, cache, drafter, new_ids, params, answer, history
+        forward, cache, drafter, new_ids, params, answer, history, (None, cancel)
     )
     yield first
     if first.finish is not None:

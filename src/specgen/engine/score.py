@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from specgen.core.events import TokenLogprob
 from specgen.engine.session import Session
-from specgen.events import TokenLogprob
-from specgen.models.kv_cache import ContextLimitError
+from specgen.models.cache.kv import ContextLimitError
 from specgen.verify.logprobs import row_logprobs
 
 ROWS = 512  # prompt tokens per forward while scoring

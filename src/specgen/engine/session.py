@@ -9,8 +9,8 @@ K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
 from __future__ import annotations
 
 from specgen.drafting.base import Drafter
+from specgen.models.cache.kv import ContextLimitError
 from specgen.models.graphs import GraphedForward
-from specgen.models.kv_cache import ContextLimitError
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
 

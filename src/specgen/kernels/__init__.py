@@ -12,7 +12,7 @@ import functools
 import importlib.util
 import os
 
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 
 BACKENDS = ("torch", "triton")
 

@@ -164,7 +164,7 @@ def prebuilt(v: Variant) -> ctypes.CDLL | None:
 def cached_path(v: Variant, cc: str) -> Path:
     """Where `v` compiled here is kept: one file per sources, compiler and flags, and for a
     -march=native build per what the compiler makes of this CPU (and its flags)."""
-    from specgen.paths import specgen_home
+    from specgen.core.paths import specgen_home
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = version + source_hash(v)

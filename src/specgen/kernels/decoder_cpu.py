@@ -1,6 +1,6 @@
 """The fused CPU decoder pass (`kernels/cpu/decoder.c`): its C structures and its call.
 
-A model is described once as C structures pointing into its tensors (models/fused_cpu.py
+A model is described once as C structures pointing into its tensors (models/fused/cpu_pass.py
 builds them); a pass then costs one ctypes call instead of hundreds of torch ops and
 packed products. The structures here mirror decoder.c's field for field.
 """

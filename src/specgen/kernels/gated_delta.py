@@ -139,7 +139,7 @@ def gated_delta_replay(
     start: torch.Tensor,  # [B, Hv, dk, dv] fp32: receives the state the block starts from
 ) -> torch.Tensor:  # out [B, T, Hv, dv]
     """The recurrent form over a block after first replaying `replay` tokens of a tape of
-    earlier inputs: how a hybrid cache rolls back (models/hybrid_cache.py). It keeps the
+    earlier inputs: how a hybrid cache rolls back (models/cache/hybrid.py). It keeps the
     state before a step and the step's inputs; the next step replays the committed ones.
     The replayed tokens run the same ops as when they were first computed, so the state is
     bitwise the one token-by-token decoding reaches. A device-resident `replay` (CUDA

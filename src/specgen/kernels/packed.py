@@ -1,4 +1,4 @@
-"""y = x W^T for a packed W (models/packed.py), on whatever device x is.
+"""y = x W^T for a packed W (models/formats/packed_matrix.py), on whatever device x is.
 
 - CPU: `kernels/cpu/packed.c` and its kernels, built ahead of time per instruction set
   (or on first use in a source checkout: kernels/cpu_build.py) and called through ctypes;
@@ -71,8 +71,8 @@ def cpu_library():
         return None
     f = lib.packed_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, ctypes.c_int, i64, i64, p, p, ctypes.c_int, i64,
-                  ctypes.c_int]  # fmt: skip
+    c_int = ctypes.c_int
+    f.argtypes = [p, i64, i64, p, c_int, p, p, c_int, i64, i64, p, p, c_int, i64, c_int]
     f.restype = ctypes.c_int
     return f
 

@@ -24,7 +24,7 @@ def apply_rope(
     cos: torch.Tensor,  # [T, d]
     sin: torch.Tensor,  # [T, d]
 ) -> torch.Tensor:
-    """Rotary position embedding in HF's "rotate half" layout (tables: models/rope.py)."""
+    """Rotary position embedding in HF's "rotate half" layout (tables: models/layers/rope.py)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from specgen.config import ModelArgs, RopeArgs
-from specgen.errors import CheckpointError
-from specgen.models.kv_cache import StaticKVCache
+from specgen.core.config import ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.plans import text_prefix
 
 
@@ -31,6 +31,10 @@ class Family(ABC):
     names: tuple[str, ...] = ()  # `ModelArgs.family` values it builds (default: name)
     # why `specgen train --init target` cannot copy this family's layers (None: it can)
     warm_start_refusal: str | None = None
+    # whether the fused CPU pass (kernels/cpu/decoder.c) computes this family's layer: off
+    # unless a family says so; the pass then checks each of the model's options against
+    # what it implements (models/fused/cpu_pass.py, `OPTIONS`)
+    fused_cpu: bool = False
 
     @abstractmethod
     def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs: ...
@@ -60,6 +64,11 @@ class Family(ABC):
     def prefix(self, keys) -> str:
         """Where the checkpoint keeps the decoder's tensors."""
         return "model."
+
+    def drafter_config(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """The target's flat text config as a drafter of plain attention layers starts
+        from it (`specgen train`): without the fields of layers a drafter does not have."""
+        return flat
 
     def finish_load(self, model: nn.Module) -> None:
         """What to do once every tensor is in place (nothing, unless overridden)."""
@@ -96,6 +105,11 @@ def register(family: Family) -> Family:
 
 def family_of(args: ModelArgs) -> Family:
     return _BY_NAME[args.family]
+
+
+def family_for_config(cfg: dict[str, Any]) -> Family | None:
+    """The family a config.json's `model_type` names, if specgen has it."""
+    return _BY_TYPE.get(str(cfg.get("model_type")))
 
 
 def family_for_type(model_type: Any, cfg: dict[str, Any], name: str) -> Family:

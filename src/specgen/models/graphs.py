@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import ForwardOutput, Transformer
 
 WARMUP_RUNS = 2  # eager runs on a side stream before capture (allocator and autotune warm-up)
@@ -215,3 +215,55 @@ def graphs_failed(error: Exception) -> str:
         stacklevel=3,
     )
     return reason
+
+
+GREEDY = "greedy"  # the key of a drafter's greedy step
+
+
+class StepGraphs:
+    """A drafter's fixed-shape draft steps, one per key (greedy, or a sampling setting),
+    each built once by the drafter (`build(key, capture)`) and replayed. With `capture`
+    they are CUDA graphs; without, the same steps run as they are (the CPU tests, and the
+    device-resident loop with graphs off). The first capture that fails (an op this setup
+    cannot capture) turns them off for good, warned once, and that step and every later
+    one run eagerly with the same output: what every drafter's graphs share."""
+
+    def __init__(self, build: Callable[[Any, bool], Callable[..., Any]], *, on: bool,
+                 capture: bool = True) -> None:  # fmt: skip
+        self.build = build
+        self.on = on  # steps replayed (graphs on), else drafted the ordinary way
+        self.capture = capture
+        self._steps: dict[Any, Callable[..., Any]] = {}  # replayed while `on`
+        self._eager: dict[Any, Callable[..., Any]] = {}  # after a failure, or graphs off
+
+    def uncaptured(self) -> StepGraphs:
+        """The same steps, on, run as they are: their shapes tested without a GPU."""
+        return StepGraphs(self.build, on=True, capture=False)
+
+    def step(self, key: Any) -> Callable[..., Any]:
+        """The step for `key` as it runs now (built on first use)."""
+        steps, capture = (self._steps, self.capture) if self.on else (self._eager, False)
+        if key not in steps:
+            steps[key] = self.build(key, capture)
+        return steps[key]
+
+    def keys(self) -> list[Any]:
+        return list(self._steps if self.on else self._eager)
+
+    def replay(self, key: Any, *args: Any) -> Any | None:
+        """The step for `key` on `args` while graphs are on; None when they are off, or
+        when this capture just failed (the caller then drafts the ordinary way)."""
+        if not self.on:
+            return None
+        try:
+            return self.step(key)(*args)
+        except RuntimeError as e:  # a capture this setup cannot do: eagerly from now on
+            self.on = False
+            self._steps.clear()
+            graphs_failed(e)
+            return None
+
+    def __call__(self, key: Any, *args: Any) -> Any:
+        """The step for `key` on `args`: replayed, else the same step run as it is."""
+        out = self.replay(key, *args)
+        return self.step(key)(*args) if out is None else out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specgen.errors import CheckpointError
+from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
 from specgen.models.plans import Plan
 from specgen.models.transformer import Transformer
@@ -123,11 +123,11 @@ def load_gguf_target(
     dequantize: bool = False,
 ) -> Transformer:
     """A `Transformer` whose matrices stay in the GGUF file's quantization (packed weights;
-    models/weights_packed.py), with its config from `config_dir` (models/gguf.py); with
+    models/formats/packed_weight.py), with its config from `config_dir` (models/formats/gguf/convert.py); with
     `dequantize`, the same matrices dequantized to `dtype` (dense weights)."""
-    from specgen.models.gguf_index import GGUFIndex
-    from specgen.models.weights import DenseWeight, replace_weights, storage_changed
-    from specgen.models.weights_packed import PackedWeight
+    from specgen.models.formats.gguf.index import GGUFIndex
+    from specgen.models.formats.packed_weight import PackedWeight
+    from specgen.models.formats.weights import DenseWeight, replace_weights, storage_changed
 
     name = name or str(gguf_path)
     args = model_args(read_config(config_dir, name), name=name)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.models.packed import PackedMatrix
-from specgen.models.weights import LinearWeight
+from specgen.models.formats.packed_matrix import PackedMatrix
+from specgen.models.formats.weights import LinearWeight
 
 MULTIMODAL_PREFIX = "model.language_model."
 

@@ -17,17 +17,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specgen.config import ModelArgs
+from specgen.core.config import ModelArgs
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.blocks import norm_weight
+from specgen.models.cache.kv import ContextLimitError, StaticKVCache
 from specgen.models.families import model_args  # noqa: F401  (registers the families)
 from specgen.models.family import family_of
-from specgen.models.fused_cpu import FusedPass, cache_fits
-from specgen.models.hybrid_cache import HybridCache
-from specgen.models.kv_cache import ContextLimitError, StaticKVCache
+from specgen.models.formats.weights import (
+    DenseWeight,
+    held_tensors,
+    resident_bytes,
+    weights_identity,
+)
+from specgen.models.fused.cpu_pass import FusedPass, cache_fits
+from specgen.models.layers.blocks import norm_weight
+from specgen.models.layers.rope import rope_tables
 from specgen.models.plans import Plan, Row
-from specgen.models.rope import rope_tables
-from specgen.models.weights import DenseWeight, held_tensors, resident_bytes, weights_identity
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Transformer(nn.Module):
         return super()._apply(fn, recurse)
 
     def _fused_pass(self, cache, batch: int, pad) -> FusedPass | None:
-        """The fused CPU pass when it can run this step (models/fused_cpu.py), else None."""
+        """The fused CPU pass when it can run this step (models/fused/cpu_pass.py), else None."""
         if self.embed.device.type != "cpu":
             return None
         fused = FusedPass.of(self)
@@ -182,8 +186,7 @@ class Transformer(nn.Module):
             return ForwardOutput(logits=logits, taps=tapped)
         tables = [(cos[start : start + t], sin[start : start + t]) for cos, sin in self._tables]
         masks = {w: attention_mask(start, t, w, pad, tokens.device) for w in set(self.windows)}
-        if isinstance(cache, HybridCache):
-            cache.begin(t, prefill=num_logits is not None, pad=pad)
+        cache.begin(t, prefill=num_logits is not None, pad=pad)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -232,8 +235,7 @@ class Transformer(nn.Module):
             (c.index_select(0, positions), s.index_select(0, positions))
             for c, s in self._tables[1:]
         ]
-        if isinstance(cache, HybridCache):
-            cache.begin_static(positions)
+        cache.begin_static(positions)
         x = self.embed_tokens(tokens)
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):

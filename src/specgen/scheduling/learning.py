@@ -4,7 +4,7 @@ first steps relearning the acceptance rates the last one already measured."""
 
 from __future__ import annotations
 
-from specgen.config import SamplingParams, VerifyPolicy
+from specgen.core.config import SamplingParams, VerifyPolicy
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.scheduler import VerifyScheduler
 

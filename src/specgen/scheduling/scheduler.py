@@ -24,8 +24,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from specgen.config import VerifyPolicy
-from specgen.draft import Draft, DraftOption
+from specgen.core.config import VerifyPolicy
+from specgen.core.draft import Draft, DraftOption
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.history import StepHistory
 from specgen.scheduling.verify_length import (

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from specgen.core.stats import GenStats
 from specgen.scheduling.cost import CostTable, Shape, modeled
-from specgen.stats import GenStats
 
 
 class ModeledSpeedup:
@@ -65,7 +65,7 @@ def modeled_speedup(stats: GenStats, costs: CostTable | None) -> float | None:
     """The speedup over AR of this answer's decoding steps, priced from `costs`
     (`ModeledSpeedup`); None without a table (AR, `full` verification of one drafter),
     before the first decoding step, or when a step cannot be priced. What every view shows
-    (the live panel, `specgen.live`, and the server's stats)."""
+    (the live panel, `specgen.terminal.live`, and the server's stats)."""
     if costs is None:
         return None
     return ModeledSpeedup(costs).update(stats.shapes)

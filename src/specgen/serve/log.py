@@ -1,5 +1,5 @@
 """Where the server's own lines go: the ready line (stdout), status lines and internal
-errors (stderr). `specgen serve` hands in the terminal's renderers (display.py: Rich, a dim
+errors (stderr). `specgen serve` hands in the terminal's renderers (terminal/display.py: Rich, a dim
 status, a red "error:"), so the server itself imports no view; a library caller gets the
 same lines as plain text."""
 

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specgen.events import TokenLogprob
+from specgen.core.events import TokenLogprob
 
 if TYPE_CHECKING:
-    from specgen.text import TextCodec
+    from specgen.text.codec import TextCodec
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -139,7 +139,7 @@ def echoed(
 ):
     """The prompt's text (decoded token by token, as answers are) and, when `scored`
     (Pipeline.prompt_logprobs: ids[1:]), its entries."""
-    from specgen.text import Detokenizer
+    from specgen.text.codec import Detokenizer
 
     detok = Detokenizer(codec)
     pieces = [detok.push([t]) for t in ids]

@@ -8,7 +8,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from specgen.stats import GenStats
+from specgen.core.stats import GenStats
 
 ROUTES = (
     "/v1/chat/completions",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specgen.stats import GenStats
+from specgen.core.stats import GenStats
 
 
 def histogram(stats: GenStats) -> list[int]:

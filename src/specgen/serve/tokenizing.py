@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 
-from specgen.errors import SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.serve import limits
 from specgen.serve.errors import invalid
 
 if TYPE_CHECKING:
-    from specgen.pipeline import Pipeline
+    from specgen.api.pipeline import Pipeline
 
 
 def add_routes(app: FastAPI, pipe: Callable[[], Pipeline], service: Any) -> None:

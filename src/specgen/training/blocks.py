@@ -3,7 +3,7 @@
 A training sequence is prompt + response token ids with the target's hidden states at the
 drafter's tap layers for every position. An anchor a is a committed position; its block is
 [ids[a], MASK x (B-1)] at positions a .. a+B-1, attending to the context features of
-positions < a and, non-causally, to its own block (`models/dflash.py`). DFlash slot k
+positions < a and, non-causally, to its own block (`models/drafters/dflash.py`). DFlash slot k
 (1..B-1) is trained on ids[a+k]; DSpark's anchor-first slot k (0..B-1) on ids[a+k+1].
 
 `block_forward` runs many anchors of one sequence in a single differentiable pass: every
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from specgen.kernels.qk_rope import apply_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.dflash import DFlashNet
-from specgen.models.rope import rope_tables
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.layers.rope import rope_tables
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Write trained drafters in the public formats, so `--drafter DIR` and other engines load
-them: z-lab's `DFlashDraftModel` layout, or DeepSpec's `Qwen3DSparkModel` layout (without
-its copies of the target's embedding and LM head, which every loader can take from the
-target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
+them: the block backbone's config in z-lab's layout, with the fields a method's hooks add
+(`DFlashDraftModel`'s, or DeepSpec's `Qwen3DSparkModel`'s without its copies of the
+target's embedding and LM head, which every loader can take from the target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
 fused matrices split back into the HF tensor names the loader reads."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specgen.config import RopeArgs
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
-from specgen.models.families.gemma4 import GEMMA4_DEFAULTS
+import specgen.models.families  # noqa: F401  (registers the families)
+from specgen.core.config import RopeArgs
+from specgen.models.drafters.dflash import DFlashNet
+from specgen.models.family import family_for_config
 
 
 def _rope_config(rope: RopeArgs) -> dict[str, Any]:
@@ -32,8 +32,9 @@ def _rope_config(rope: RopeArgs) -> dict[str, Any]:
     return out
 
 
-# a hybrid target's fields a drafter (plain attention layers) must not inherit
-HYBRID_FIELDS = (
+# fields of layers a drafter's plain attention layers never have, whatever the target:
+# recurrent layers' and their pattern, output gates, partial rotary, MTP layers
+PLAIN_ATTENTION_DROPS = (
     "attn_output_gate",
     "full_attention_interval",
     "layer_types",
@@ -44,50 +45,20 @@ HYBRID_FIELDS = (
 )
 
 
-# a Gemma 4 target's fields a drafter of Qwen3 layers must not inherit
-GEMMA_FIELDS = (
-    "attention_k_eq_v",
-    "audio_config",
-    "enable_moe_block",
-    "global_head_dim",
-    "hidden_activation",
-    "hidden_size_per_layer_input",
-    "moe_intermediate_size",
-    "num_experts",
-    "num_global_key_value_heads",
-    "num_kv_shared_layers",
-    "per_layer_config",
-    "sliding_window",
-    "top_k_experts",
-    "use_bidirectional_attention",
-    "use_double_wide_mlp",
-    "vocab_size_per_layer_input",
-)
-GEMMA_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
-
-
 def text_config(target_config: dict[str, Any]) -> dict[str, Any]:
     """The target's text fields, flat, as a drafter's config starts from them: a multimodal
-    checkpoint's `text_config` (Qwen3.5, Gemma 4) without the fields of its recurrent or
-    Gemma layers, and RoPE as the drafter's plain attention uses it (no partial rotary, no
-    multimodal sections: z-lab's Qwen3.5 drafters rotate whole heads; of Gemma 4's RoPE per
-    layer type, the global layers' theta). A Gemma target's drafter embeds its block as the
-    target does (`input_embedding_scale` sqrt(hidden), z-lab's field) and keeps the final
-    logit softcapping, so it drafts as it was trained (through `Transformer.embed_tokens`)."""
+    checkpoint's `text_config` (Qwen3.5, Gemma 4), without the fields of layers a drafter
+    does not have (`PLAIN_ATTENTION_DROPS`, and what the target's family names in
+    `Family.drafter_config`), and RoPE as the drafter's plain attention uses it (no partial
+    rotary, no multimodal sections: z-lab's Qwen3.5 drafters rotate whole heads)."""
     flat = {**target_config, **(target_config.get("text_config") or {})}
-    gemma = target_config.get("model_type") in GEMMA_TYPES
-    for key in ("text_config", "vision_config", *HYBRID_FIELDS, *(GEMMA_FIELDS if gemma else ())):
+    for key in ("text_config", "vision_config", *PLAIN_ATTENTION_DROPS):
         flat.pop(key, None)
     flat = {k: v for k, v in flat.items() if not k.startswith("linear_")}
+    family = family_for_config(target_config)
+    if family is not None:
+        flat = family.drafter_config(flat)
     params = flat.get("rope_parameters")
-    if gemma:
-        flat["input_embedding_scale"] = (
-            float(flat.get("hidden_size", GEMMA4_DEFAULTS["hidden_size"])) ** 0.5
-        )
-        per_type = params if isinstance(params, dict) else {}
-        full = per_type.get("full_attention") or {"rope_theta": 1e6}
-        params = {"rope_type": "default", "rope_theta": full.get("rope_theta", 1e6)}
-        flat["rope_parameters"] = params
     if isinstance(params, dict):
         flat["rope_parameters"] = {
             k: v
@@ -129,39 +100,17 @@ def _base_config(target_config: dict[str, Any], net: DFlashNet) -> dict[str, Any
 
 def save_drafter(
     path: Path,
-    net: DFlashNet | DSparkNet,
+    net: torch.nn.Module,
+    backbone: DFlashNet,
     target_config: dict[str, Any],
+    fields: dict[str, Any],
     *,
     dtype: torch.dtype = torch.bfloat16,
-    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors for `net` into `path` (created)."""
-    backbone = net.backbone if isinstance(net, DSparkNet) else net
-    args = backbone.args
-    config = _base_config(target_config, backbone)
+    """Write config.json + model.safetensors for `net` (whose block backbone is `backbone`)
+    into `path` (created); `fields`: the config fields that name its layout."""
+    config = {**_base_config(target_config, backbone), **fields}
     tensors = {row.key: row.read() for row in net.plan()}
-    if isinstance(net, DSparkNet):
-        a = net.args
-        config.update(
-            architectures=["Qwen3DSparkModel"],
-            mask_token_id=args.mask_token_id,
-            target_layer_ids=list(args.target_layer_ids),
-            markov_rank=a.markov_rank,
-            markov_head_type=a.markov_kind or "vanilla",
-            enable_confidence_head=a.confidence,
-            confidence_head_with_markov=a.confidence_with_markov,
-        )
-        if a.anchor_first:
-            config["num_anchors"] = 512  # its presence marks the anchor-first layout
-    else:
-        config.update(
-            architectures=["DFlashDraftModel"],
-            dflash_config={
-                "mask_token_id": args.mask_token_id,
-                "target_layer_ids": list(args.target_layer_ids),
-            },
-        )
-    config.update(extra or {})
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = {k: v.detach().to(dtype).contiguous().cpu() for k, v in tensors.items()}

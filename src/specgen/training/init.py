@@ -1,8 +1,8 @@
 """Starting weights for a new drafter: random, or copied from the target's own layers.
 
-Random: std 0.02 matrices, norms at 1, and the parts that must start neutral at 0 (the
-Markov head's output, so the drafter starts as its plain backbone; the confidence head,
-so it starts undecided).
+Random: std 0.02 matrices, norms at 1, and the parts a method names `neutral` at 0 (DSpark:
+its Markov head's output, so the drafter starts as its plain backbone; its confidence
+head, so it starts undecided).
 
 From the target (`init_from_target`): the drafter's layers are the target layers that
 follow its top tap, so at step 0 the drafter already computes what the target computes
@@ -17,28 +17,28 @@ from __future__ import annotations
 
 import torch
 
-from specgen.errors import SpecgenError
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
+from specgen.core.errors import SpecgenError
+from specgen.models.drafters.dflash import DFlashNet
 from specgen.models.transformer import Transformer
 
 
-def random_init(net: DFlashNet | DSparkNet, seed: int) -> None:
+def random_init(net: torch.nn.Module, seed: int, neutral: tuple[str, ...] = ()) -> None:
+    """`neutral`: endings of the parameter names that start at 0."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
             if p.dim() == 1:
-                p.fill_(0.0 if name.endswith("conf_b") else 1.0)
-            elif name.endswith(("markov_w2", "conf_w")):
+                p.fill_(0.0 if name.endswith(neutral) else 1.0)
+            elif name.endswith(neutral):
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
-def init_from_target(net: DFlashNet | DSparkNet, target: Transformer) -> None:
+def init_from_target(backbone: DFlashNet, target: Transformer) -> None:
+    """The block backbone's layers from the target's (a method's heads keep theirs)."""
     if target.family.warm_start_refusal:
         raise SpecgenError(target.family.warm_start_refusal)
-    backbone = net.backbone if isinstance(net, DSparkNet) else net
     taps = backbone.args.target_layer_ids
     top = max(taps)
     last = target.args.num_layers - 1

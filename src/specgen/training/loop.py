@@ -20,39 +20,19 @@ from typing import Any
 
 import torch
 
-from specgen.drafting.vocab import save_draft_vocab
-from specgen.models.dflash import DFlashArgs, DFlashNet
-from specgen.models.dspark import DSparkArgs, DSparkNet
-from specgen.models.eagle3 import Eagle3Net
+from specgen.core.errors import CheckpointError
+from specgen.drafting.base import method_of
 from specgen.models.transformer import Transformer
-from specgen.training.checkpoint import save_drafter, text_config
-from specgen.training.eagle3 import accepted_lengths as eagle3_accepted
-from specgen.training.eagle3 import (
-    default_taps,
-    eagle3_config,
-    eagle3_loss,
-    new_eagle3,
-    save_eagle3,
-)
-from specgen.training.eagle3 import trainable as eagle3_trainable
-from specgen.training.evaluate import offline_acceptance, walk
 from specgen.training.features import target_features
-from specgen.training.init import init_from_target, random_init
+from specgen.training.kind import DrafterTraining, training_of
 from specgen.training.state import FILE as STATE_FILE
 from specgen.training.state import load_state, save_state
-from specgen.training.trainer import (
-    Prepared,
-    Sequence,
-    Vocab,
-    read_layers,
-    sequence_loss,
-    trainable,
-)
+from specgen.training.trainer import Prepared, Sequence, Vocab, read_layers
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str = "dflash"  # or "dspark", "eagle3" (training/eagle3.py)
+    kind: str = "dflash"  # a trainable method's name (training/kind.py)
     block_size: int = 8
     draft_layers: int = 1
     target_layers: tuple[int, ...] = ()  # () = spread over the target (z-lab's rule)
@@ -76,66 +56,12 @@ class TrainConfig:
     train_sequences: int | None = None  # train on the first N answers only (data studies)
 
 
-def drafter_config(target_config: dict[str, Any], target_layers: int, cfg: TrainConfig) -> dict:
-    """A drafter config.json for the target, in the layout `cfg.kind` is published in."""
-    from specgen.models.dflash import build_target_layer_ids
-
-    ids = list(cfg.target_layers) or build_target_layer_ids(target_layers, 3)
-    out = {
-        **text_config(target_config),
-        "model_type": "qwen3",
-        "num_hidden_layers": cfg.draft_layers,
-        "layer_types": ["full_attention"] * cfg.draft_layers,
-        "block_size": cfg.block_size,
-        "num_target_layers": target_layers,
-        "mask_token_id": cfg.mask_token_id,
-        "target_layer_ids": ids,
-        "tie_word_embeddings": False,
-    }
-    if cfg.kind == "dspark":
-        out.update(
-            num_anchors=512,
-            markov_rank=cfg.markov_rank,
-            markov_head_type="vanilla",
-            enable_confidence_head=True,
-            confidence_head_with_markov=True,
-        )
-    return out
-
-
-def new_drafter(
-    target: Transformer, config: dict, kind: str, seed: int, from_target: bool = False
-) -> DFlashNet | DSparkNet:
-    """Starting weights (`training/init.py`): random, or the target's upper layers (a
-    trained drafter's weights are loaded over them by `warm_start`)."""
-    if kind == "dspark":
-        net: DFlashNet | DSparkNet = DSparkNet(
-            DSparkArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
-        )
-    else:
-        net = DFlashNet(
-            DFlashArgs.from_hf(config, name="new"), dtype=torch.float32, device=target.device
-        )
-    random_init(net, seed)
-    if from_target:
-        init_from_target(net, target)
-    return net
-
-
-def warm_start(net: DFlashNet | DSparkNet, target: Transformer, path: Path) -> None:
+def warm_start(kind: DrafterTraining, name: str, net, target: Transformer, path: Path) -> None:
     """Load a trained drafter's weights (its public format) into `net`, which must have its
     shape: training then goes on from that drafter with a fresh optimiser and schedule."""
-    from specgen.drafting.base import method_of
-    from specgen.errors import CheckpointError
-    from specgen.models.dflash import load_dflash
-    from specgen.models.dspark import load_dspark
-
-    kind = "dspark" if isinstance(net, DSparkNet) else "dflash"
-    if method_of(path) != kind:
-        raise CheckpointError(f"{path}: a {method_of(path)} drafter cannot start a {kind} one")
-    load = load_dspark if kind == "dspark" else load_dflash
-    trained = load(path, target=target, target_name="target", name=str(path))
-    theirs, ours = trained.state_dict(), net.state_dict()
+    if method_of(path) != name:
+        raise CheckpointError(f"{path}: a {method_of(path)} drafter cannot start a {name} one")
+    theirs, ours = kind.load(path, target).state_dict(), net.state_dict()
     wrong = sorted(k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape)
     if wrong:
         raise CheckpointError(
@@ -143,55 +69,6 @@ def warm_start(net: DFlashNet | DSparkNet, target: Transformer, path: Path) -> N
             " give the same --block-size, --draft-layers, --target-layers and --markov-rank"
         )
     net.load_state_dict(theirs)
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What differs between the drafter kinds `train` trains: the config it writes, the
-    starting net, the loss of one sequence, the held-out τ and the checkpoint writer."""
-
-    config: Callable[..., dict]  # (target config, target layers, cfg, vocab)
-    new: Callable[..., Any]  # (target, config, cfg, vocab) -> net
-    trainable: Callable[[Any], list[torch.nn.Parameter]]
-    loss: Callable[..., Any]  # trainer.sequence_loss's signature
-    evaluate: Callable[..., Any]  # (target, net, held, vocab) -> OfflineAcceptance
-    write: Callable[..., None]  # (out, net, config, vocab, record)
-
-
-def _write_eagle3(out: Path, net, config: dict, vocab: Vocab | None, record: dict) -> None:
-    save_eagle3(out, net, config, extra={"specgen_training": record})
-
-
-BLOCK = Kind(
-    config=lambda tc, layers, cfg, vocab: drafter_config(tc, layers, cfg),
-    new=lambda target, config, cfg, vocab: new_drafter(
-        target, config, cfg.kind, cfg.seed, cfg.init_from_target
-    ),
-    trainable=trainable,
-    # by name, when called (tests stand in for the loss)
-    loss=lambda *args, **kwargs: sequence_loss(*args, **kwargs),
-    evaluate=lambda *args: offline_acceptance(*args),
-    write=lambda out, net, config, vocab, record: _write_drafter(out, net, config, vocab, record),
-)
-EAGLE3 = Kind(
-    config=lambda tc, layers, cfg, vocab: eagle3_config(
-        tc,
-        cfg.target_layers or default_taps(layers),
-        tc.get("vocab_size") if vocab is None else int(vocab.ids.shape[0]),
-    ),
-    new=lambda target, config, cfg, vocab: new_eagle3(target, config, vocab, cfg.seed),
-    trainable=eagle3_trainable,
-    loss=eagle3_loss,
-    evaluate=lambda target, net, held, vocab: walk(
-        eagle3_accepted(target, net, item, vocab) for item in held
-    ),
-    write=_write_eagle3,
-)
-KINDS = {"dflash": BLOCK, "dspark": BLOCK, "eagle3": EAGLE3}
-
-
-def kind_of(name: str) -> Kind:
-    return KINDS[name]
 
 
 def lr_at(step: int, progress: float, cfg: TrainConfig) -> float:
@@ -214,21 +91,17 @@ def split_holdout(data: list[Sequence], every: int) -> tuple[list[Sequence], lis
 
 def prepare_all(
     target: Transformer,
-    net: DFlashNet | DSparkNet | Eagle3Net,
+    kind: DrafterTraining,
+    net: torch.nn.Module,
     data: list[Sequence],
     target_name: str,
     cache: Path,
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[Prepared]:
-    """`data` with the target's states at `net`'s taps (and, for DSpark, its last layer),
-    from the features cache, on the target's device once: a GPU step then copies nothing
-    from the host (and indexes DSpark's last-layer states with device-side positions)."""
-    dspark = isinstance(net, DSparkNet)
-    if isinstance(net, Eagle3Net):
-        taps = net.args.taps
-    else:
-        taps = tuple((net.backbone if dspark else net).args.target_layer_ids)
-    last = target.args.num_layers - 1 if dspark else None
+    """`data` with the target's states at the layers `net` reads (`kind.reads`), from the
+    features cache, on the target's device once: a GPU step then copies nothing from the
+    host (and indexes last-layer states with device-side positions)."""
+    taps, last = kind.reads(net, target)
     hidden = target_features(target, target_name, data, read_layers(taps, last), cache, report)
     return [
         Prepared.from_layers(seq, h, taps, last).to(target.device)
@@ -257,12 +130,12 @@ def train(
     train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
     train_seqs = train_seqs[: cfg.train_sequences]
     vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
-    kind = kind_of(cfg.kind)
+    kind = training_of(cfg.kind)
     config = kind.config(target_config, target.args.num_layers, cfg, vocab)
     net = kind.new(target, config, cfg, vocab)
     state_path = out / STATE_FILE
     if cfg.init_from and not (resume and state_path.is_file()):
-        warm_start(net, target, Path(cfg.init_from))
+        warm_start(kind, cfg.kind, net, target, Path(cfg.init_from))
     params = kind.trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
@@ -279,7 +152,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     used = [s for s in data if id(s) in {id(t) for t in (*train_seqs, *held_seqs)}]
     prepared_all = prepare_all(
-        target, net, used, target_name, features_cache or out / "features", report
+        target, kind, net, used, target_name, features_cache or out / "features", report
     )
     train_ids, held_ids = {id(s) for s in train_seqs}, {id(s) for s in held_seqs}
     prepared = [p for p in prepared_all if id(p.seq) in train_ids]
@@ -352,12 +225,6 @@ def train(
     kind.write(out, net, config, vocab, {k: v for k, v in summary.items() if k != "curve"})
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _write_drafter(out: Path, net, config: dict, vocab: Vocab | None, record: dict) -> None:
-    save_drafter(out, net, config, extra={"specgen_training": record})
-    if vocab is not None:  # inference drafts from the rows training ranked
-        save_draft_vocab(out, vocab.ids.tolist())
 
 
 def load_sequences(path: Path) -> list[Sequence]:

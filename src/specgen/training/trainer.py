@@ -1,11 +1,7 @@
-"""One training step for a DFlash or DSpark drafter on target-generated sequences.
-
-Per sequence: the frozen target runs once over prompt + response (teacher forcing) for the
-tap layers' hidden states and its own logits; random anchors inside the response give
-blocks built as at inference (`blocks.py`); the drafter runs all of them in one pass and
-its slots go through the target's frozen LM head. DFlash minimises the weighted CE;
-DSpark adds its Markov head (teacher-forced), the L1 to the target's distribution and the
-confidence head's BCE (`losses.py`). Only the drafter's own weights train.
+"""What every drafter trains on: target-generated sequences, the frozen target's hidden
+states at the layers a drafter reads (one teacher-forced forward per sequence), and the
+training-time head restricted to the tokens the data uses. A method's loss over them is
+its own (`training/kind.py`); only the drafter's own weights train.
 """
 
 from __future__ import annotations
@@ -15,12 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.dflash import DFlashNet
-from specgen.models.dspark import DSparkNet
 from specgen.models.transformer import Transformer
-from specgen.training.blocks import Blocks, block_forward, make_blocks
-from specgen.training.losses import dflash_loss, dspark_loss, markov_logits
 
 
 @dataclass(frozen=True)
@@ -32,8 +23,8 @@ class Sequence:
 @dataclass(frozen=True)
 class Prepared:
     """A sequence with the frozen target's hidden states, computed once (bf16 to save
-    memory; the tap layers for the drafter's context, the last layer for DSpark's target
-    distribution)."""
+    memory; the tap layers for the drafter's context, the last layer where a loss reads the
+    target's own distribution)."""
 
     seq: Sequence
     features: torch.Tensor  # [N, K*H]
@@ -64,8 +55,8 @@ def layer_outputs(
 
 
 def read_layers(taps: tuple[int, ...], last: int | None) -> tuple[int, ...]:
-    """The target layers whose outputs training reads: the drafter's taps, and for DSpark
-    the last layer too."""
+    """The target layers whose outputs training reads: the drafter's taps, and the last
+    layer too when the loss reads the target's own distribution (`last`)."""
     return taps if last is None else tuple(sorted({*taps, last}))
 
 
@@ -73,38 +64,6 @@ def prepare(target: Transformer, seq: Sequence, taps: tuple[int, ...], last: boo
     final = target.args.num_layers - 1
     hidden = layer_outputs(target, seq, read_layers(taps, final if last else None))
     return Prepared.from_layers(seq, hidden, taps, final if last else None).to(target.device)
-
-
-@dataclass(frozen=True)
-class Drafted:
-    """A batch of blocks run through the drafter's backbone (training and evaluation)."""
-
-    blocks: Blocks
-    hidden: torch.Tensor  # [A, S, H] the draft slots, after the drafter's final norm
-
-    @property
-    def prev(self) -> torch.Tensor:  # [A, S] the true token before each slot (teacher forcing)
-        b = self.blocks
-        return torch.cat([b.inputs[:, :1], b.targets[:, :-1].clamp(min=0)], dim=1)
-
-
-def draft_blocks(
-    target: Transformer, net: DFlashNet | DSparkNet, item: Prepared, ids: torch.Tensor,
-    anchors: torch.Tensor,
-) -> Drafted:  # fmt: skip
-    """Blocks at `anchors`, built as inference builds them, through the backbone at once."""
-    dspark = isinstance(net, DSparkNet)
-    backbone = net.backbone if dspark else net
-    blocks = make_blocks(
-        ids,
-        anchors,
-        block_size=backbone.args.block_size,
-        mask_token_id=backbone.args.mask_token_id,
-        anchor_first=dspark and net.args.anchor_first,
-    )
-    features = item.features.to(target.device, target.dtype)
-    hidden = block_forward(backbone, features, target.embed_tokens(blocks.inputs), anchors)
-    return Drafted(blocks, hidden[:, blocks.first_slot :])
 
 
 @dataclass(frozen=True)
@@ -134,68 +93,3 @@ class Vocab:
 
     def targets(self, tokens: torch.Tensor) -> torch.Tensor:  # -1 stays -1 (no target)
         return torch.where(tokens >= 0, self.index[tokens.clamp(min=0)], -1)
-
-
-def draft_logits(
-    target: Transformer, backbone: DFlashNet, hidden: torch.Tensor, vocab: Vocab | None
-) -> torch.Tensor:
-    """The drafter's head logits as it drafts at inference (its output multiplier and
-    softcapping: a Gemma target's), over the whole vocabulary or `vocab`'s rows."""
-    if vocab is None:
-        return backbone.head(target, hidden)
-    return backbone.logits(vocab.logits(hidden))
-
-
-def trainable(net: DFlashNet | DSparkNet) -> list[torch.nn.Parameter]:
-    params = list(net.parameters())
-    for p in params:
-        p.requires_grad_(True)
-    return params
-
-
-def sequence_loss(
-    target: Transformer,
-    net: DFlashNet | DSparkNet,
-    item: Sequence | Prepared,
-    *,
-    anchors_per_sequence: int,
-    gamma: float,
-    generator: torch.Generator,
-    vocab: Vocab | None = None,
-) -> tuple[torch.Tensor, dict[str, float]] | None:
-    """The loss of one sequence's random anchors (None when it has no anchor)."""
-    backbone = net.backbone if isinstance(net, DSparkNet) else net
-    dspark = isinstance(net, DSparkNet)
-    if isinstance(item, Sequence):
-        item = prepare(target, item, backbone.args.target_layer_ids, last=dspark)
-    seq, device = item.seq, target.device
-    ids = torch.tensor(seq.ids, device=device)
-    n = ids.shape[0]
-    lo, hi = max(seq.response_start - 1, 1), n - 2  # anchor = last committed token
-    if hi < lo:
-        return None
-    count = min(anchors_per_sequence, hi - lo + 1)
-    anchors = lo + torch.randperm(hi - lo + 1, generator=generator)[:count].to(device)
-    drafted = draft_blocks(target, net, item, ids, anchors.sort().values)
-    blocks, hidden, anchors = drafted.blocks, drafted.hidden, drafted.blocks.anchors
-    targets = blocks.targets if vocab is None else vocab.targets(blocks.targets)
-    logits = draft_logits(target, backbone, hidden, vocab)  # [A, S, V]
-    if not dspark:
-        loss = dflash_loss(logits, targets, gamma)
-        return loss, {"ce": loss.item()}
-    prev = drafted.prev
-    draft = markov_logits(net, logits, hidden, prev, None if vocab is None else vocab.ids)
-    # the target's distribution for the token at position p is its output at p - 1
-    positions = (anchors[:, None] + torch.arange(draft.shape[1], device=device)).clamp(max=n - 1)
-    assert item.last_hidden is not None
-    with torch.no_grad():
-        last = item.last_hidden[positions].to(target.dtype)
-        normed = rms_norm(last, target.norm, target.args.rms_norm_eps)
-        target_logits = (
-            target.head(normed) if vocab is None else target.softcap(vocab.logits(normed))
-        )
-    conf = None
-    if net.args.confidence:
-        a, s, h = hidden.shape
-        conf = net.confidence_logit(hidden.reshape(a * s, h), prev.reshape(-1)).view(a, s)
-    return dspark_loss(draft, target_logits, targets, conf, gamma)

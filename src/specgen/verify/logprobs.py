@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.events import TokenLogprob
+from specgen.core.events import TokenLogprob
 
 
 @dataclass(frozen=True)

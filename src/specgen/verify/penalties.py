@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.core.config import SamplingParams
 
 
 class Penalties:

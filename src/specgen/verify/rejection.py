@@ -16,7 +16,7 @@ min(1, p(d_i) / q(d_i)); a point-mass drafter has q(d_i) = 1), which makes the c
 tokens distributed exactly as the target's own sampling (Leviathan et al. 2023; Chen et
 al. 2023). The random numbers come from the request's seeded generator, so a seeded run is
 reproducible; the arithmetic is in `kernels/verify.py`, its slow per-position reference
-in `verify/reference.py`.
+in `tests/oracles/verify.py`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.config import SamplingParams
-from specgen.draft import Draft
+from specgen.core.config import SamplingParams
+from specgen.core.draft import Draft
 from specgen.kernels.verify import verify
 from specgen.verify.sampling import filter_logits
 

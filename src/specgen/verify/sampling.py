@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from specgen.config import SamplingParams
+from specgen.core.config import SamplingParams
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator:

@@ -6,7 +6,7 @@
  * 135M model that overhead was a third of the step. Here the threads are woken once per
  * pass and meet at a spinning barrier between the phases of each layer.
  *
- * What it computes is models/decoder_layer.py's layer (RMSNorm, fused q/k/v with optional
+ * What it computes is models/layers/decoder.py's layer (RMSNorm, fused q/k/v with optional
  * bias and per-head q/k RMSNorm, HF "rotate half" RoPE from the model's tables, grouped-
  * query causal attention over the static KV cache, fused gate/up SwiGLU), then the final
  * norm and the LM head, in fp32. Products are packed.c's (with fp32 or 8-bit activations,

@@ -8,7 +8,7 @@
  * by every row: two 16-lane multiply-adds per row per 32 weights, with up to 4 rows x 4
  * columns of accumulators held in registers.
  *
- * Exactness: w = s q is the dequantized weight as models/packed.py computes it (fp32
+ * Exactness: w = s q is the dequantized weight as models/formats/packed_matrix.py computes it (fp32
  * product of the widened scale and the integer); output (r, n) is the sum over k of
  * x[r, k] w[n, k], accumulated in 16 lanes (lane l takes k = l mod 16) by fused
  * multiply-adds in k order, in chunks of WCH columns added up in order (join), then the

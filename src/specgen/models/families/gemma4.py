@@ -1,5 +1,5 @@
 """Gemma 4: dense text backbones (google/gemma-4-12B-it, -31B) of sliding-window and global
-attention layers (models/gemma4_layer.py), each kind with its own head dim, KV heads and
+attention layers (models/layers/gemma4.py), each kind with its own head dim, KV heads and
 RoPE; KV sharing; embeddings scaled by sqrt(hidden); final logit softcapping.
 
 Published as multimodal checkpoints (`Gemma4ForConditionalGeneration`, or
@@ -16,16 +16,53 @@ eager path slices it, the Triton kernel skips chunks before it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from specgen.config import FULL, SLIDING, GemmaArgs, ModelArgs, RopeArgs
-from specgen.errors import CheckpointError
-from specgen.models.families.common import config_errors, token_ids
+from specgen.core.config import FULL, SLIDING, ModelArgs, RopeArgs
+from specgen.core.errors import CheckpointError
+from specgen.models.cache.kv import StaticKVCache
+from specgen.models.family_config import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
-from specgen.models.gemma4_layer import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
-from specgen.models.kv_cache import StaticKVCache
+from specgen.models.layers.gemma4 import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
+
+# a Gemma 4 target's fields a drafter of Qwen3 layers must not inherit
+DRAFTER_DROPS = frozenset((
+    "attention_k_eq_v", "audio_config", "enable_moe_block", "global_head_dim",
+    "hidden_activation", "hidden_size_per_layer_input", "moe_intermediate_size", "num_experts",
+    "num_global_key_value_heads", "num_kv_shared_layers", "per_layer_config", "sliding_window",
+    "top_k_experts", "use_bidirectional_attention", "use_double_wide_mlp",
+    "vocab_size_per_layer_input",
+))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GemmaArgs:
+    """Gemma 4's attention layers, each with its own shape: sliding-window layers and global
+    (full) ones differ in head dim, KV heads and RoPE; the last `num_kv_shared_layers`
+    layers attend over an earlier layer's keys and values instead of their own."""
+
+    layer_types: tuple[str, ...]  # per layer: SLIDING or FULL
+    sliding_window: int  # a sliding layer's query q sees keys k with q - window < k <= q
+    head_dims: tuple[int, ...]  # per layer
+    kv_heads: tuple[int, ...]  # per layer
+    sliding_rope: RopeArgs
+    global_rope: RopeArgs  # usually proportional (partial rotary over the whole head)
+    kv_source: tuple[int, ...]  # per layer: whose K/V it reads (itself unless shared)
+    intermediate_sizes: tuple[int, ...]  # per layer (double-wide MLP on KV-shared layers)
+    k_eq_v: bool = False  # global layers: no v_proj, values from the key projection
+    approximate: str = "tanh"  # the MLP's GELU: "tanh" (gelu_pytorch_tanh) or "none"
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+    def rope(self, layer: int) -> RopeArgs:
+        return self.sliding_rope if self.layer_types[layer] == SLIDING else self.global_rope
+
+    def shares_kv(self, layer: int) -> bool:
+        return self.kv_source[layer] != layer
 
 
 class Gemma4(MultimodalText):
@@ -39,19 +76,34 @@ class Gemma4(MultimodalText):
     def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs:
         return parse_gemma4(cfg, name)
 
+    def drafter_config(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """Without the Gemma layers' own fields; of its RoPE per layer type, the global
+        layers' theta. The drafter embeds its block as the target does
+        (`input_embedding_scale` sqrt(hidden), z-lab's field) and keeps the final logit
+        softcapping, so it drafts as it was trained (through `Transformer.embed_tokens`)."""
+        flat = {k: v for k, v in flat.items() if k not in DRAFTER_DROPS}
+        flat["input_embedding_scale"] = (
+            float(flat.get("hidden_size", GEMMA4_DEFAULTS["hidden_size"])) ** 0.5
+        )
+        params = flat.get("rope_parameters")
+        per_type = params if isinstance(params, dict) else {}
+        full = per_type.get("full_attention") or {"rope_theta": 1e6}
+        flat["rope_parameters"] = {"rope_type": "default", "rope_theta": full.get("rope_theta", 1e6)}
+        return flat
+
     def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):
         return GemmaLayer(layer_shape(args, index), dtype, device)
 
     def rope(self, args: ModelArgs, index: int) -> tuple[RopeArgs, int]:
-        return args.gemma.rope(index), args.gemma.head_dims[index]
+        return args.layout.rope(index), args.layout.head_dims[index]
 
     def window(self, args: ModelArgs, index: int) -> int | None:
-        return args.gemma.window(index)
+        return args.layout.window(index)
 
     def new_cache(self, args, *, batch, capacity, steps, dtype, device) -> StaticKVCache:
         """One cache slot per layer with K/V of its own, shaped as that layer; a KV-shared
         layer maps to its source layer's slot. Every position is kept (module docstring)."""
-        g = args.gemma
+        g = args.layout
         own = [i for i in range(args.num_layers) if not g.shares_kv(i)]
         return StaticKVCache(
             num_layers=len(own),
@@ -66,7 +118,7 @@ class Gemma4(MultimodalText):
 
     def kv_bytes(self, args: ModelArgs, context: int, element_size: int) -> int:
         """Per layer: its shape, and a sliding layer reads its window only."""
-        g = args.gemma
+        g = args.layout
         return sum(
             2 * g.kv_heads[i] * g.head_dims[i] * element_size
             * min(context, g.window(i) or context)
@@ -75,7 +127,7 @@ class Gemma4(MultimodalText):
 
 
 def layer_shape(args: ModelArgs, index: int) -> GemmaShape:
-    g = args.gemma
+    g = args.layout
     shared = g.shares_kv(index)
     return GemmaShape(
         hidden=args.hidden_size,
@@ -172,7 +224,7 @@ def parse_gemma4(cfg: dict[str, Any], name: str) -> ModelArgs:
             qk_norm=True,
             eos_token_ids=token_ids(t["eos_token_id"]),
             bos_token_id=t["bos_token_id"],
-            gemma=gemma,
+            layout=gemma,
             fp32_norms=True,
             embed_scale=hidden**0.5,
             logit_softcap=None if cap is None else float(cap),

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from specgen.config import ModelArgs
-from specgen.errors import CheckpointError
-from specgen.models.decoder_layer import DecoderLayer
-from specgen.models.families.common import attention_args
+from specgen.core.config import ModelArgs
+from specgen.core.errors import CheckpointError
+from specgen.models.family_config import attention_args
 from specgen.models.family import Family, register
+from specgen.models.layers.decoder import DecoderLayer
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class LlamaShaped(Family):
     name = "llama"
     model_types = tuple(VARIANTS)
     names = tuple(VARIANTS)
+    fused_cpu = True  # decoder.c is this layer (biases and q/k norms included)
 
     def parse(self, cfg: dict[str, Any], name: str) -> ModelArgs:
         model_type = str(cfg.get("model_type"))

@@ -1,6 +1,6 @@
-"""Qwen3.5: hybrid targets, Gated DeltaNet layers (models/gated_deltanet.py) between gated
+"""Qwen3.5: hybrid targets, Gated DeltaNet layers (models/layers/gated_deltanet.py) between gated
 attention layers (the Llama-shaped layer with a sigmoid output gate and partial RoPE),
-zero-centred norms, and a cache whose recurrent state rolls back (models/hybrid_cache.py).
+zero-centred norms, and a cache whose recurrent state rolls back (models/cache/hybrid.py).
 
 Published checkpoints are the multimodal `Qwen3_5ForConditionalGeneration`: the text
 backbone under `model.language_model.`, beside a vision tower (`model.visual.*`) and a
@@ -10,19 +10,38 @@ multi-token-prediction head (`mtp.*`) that text generation never reads; a text-o
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from specgen.config import FULL, LINEAR, HybridArgs, ModelArgs
-from specgen.errors import CheckpointError
-from specgen.models.decoder_layer import DecoderLayer
-from specgen.models.families.common import attention_args, config_errors, token_ids
+from specgen.core.config import FULL, LINEAR, ModelArgs
+from specgen.core.errors import CheckpointError
+from specgen.models.cache.hybrid import HybridCache
+from specgen.models.family_config import attention_args, config_errors, token_ids
 from specgen.models.family import MultimodalText, register
-from specgen.models.gated_deltanet import GatedDeltaNetLayer
-from specgen.models.hybrid_cache import HybridCache
+from specgen.models.layers.decoder import DecoderLayer
+from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
+
+
+@dataclass(frozen=True)
+class HybridArgs:
+    """Qwen3.5's Gated DeltaNet layers: which layers they are, and their shapes."""
+
+    layer_types: tuple[str, ...]  # per layer: LINEAR (Gated DeltaNet) or FULL (attention)
+    conv_kernel: int  # the depthwise causal conv over q/k/v
+    key_heads: int
+    value_heads: int  # a multiple of key_heads: each q/k head serves several value heads
+    key_dim: int
+    value_dim: int
+
+    @property
+    def conv_dim(self) -> int:  # channels of the conv: q, k and v side by side
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def linear(self, layer: int) -> bool:
+        return self.layer_types[layer] == LINEAR
 
 
 class Qwen3_5(MultimodalText):
@@ -62,7 +81,7 @@ class Qwen3_5(MultimodalText):
             )
         return replace(
             args,
-            hybrid=hybrid,
+            layout=hybrid,
             attn_output_gate=bool(text.get("attn_output_gate", True)),
             rotary_dim=rotary,
             norm_offset=True,
@@ -71,7 +90,7 @@ class Qwen3_5(MultimodalText):
         )
 
     def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):
-        if args.hybrid.linear(index):
+        if args.layout.linear(index):
             return GatedDeltaNetLayer(args, dtype, device)
         return DecoderLayer(args, dtype, device)  # gated attention: q_proj carries the gate
 
@@ -95,11 +114,11 @@ class Qwen3_5(MultimodalText):
             w.data.add_(1.0)
 
     def kv_bytes(self, args: ModelArgs, context: int, element_size: int) -> int:
-        attention = args.num_layers - args.hybrid.layer_types.count(LINEAR)
+        attention = args.num_layers - args.layout.layer_types.count(LINEAR)
         return 2 * attention * args.num_kv_heads * args.head_dim * element_size * context
 
     def state_bytes(self, args: ModelArgs) -> int:
-        hy = args.hybrid  # fp32 recurrent states: read, and written back once
+        hy = args.layout  # fp32 recurrent states: read, and written back once
         return 2 * hy.layer_types.count(LINEAR) * hy.value_heads * hy.key_dim * hy.value_dim * 4
 
 

@@ -1,0 +1,384 @@
+"""The public entry point: a loaded target, its tokenizer, and generation on top.
+
+pipe = Pipeline.load("smollm2-135m")
+print(pipe.generate("Why is the sky blue?", max_new_tokens=64).text)
+for chunk in pipe.stream("Tell me a joke"):
+    print(chunk.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from specgen.api.loader import Decoding, Target, load_decoding, load_target
+from specgen.api.spec import checked_spec
+from specgen.core.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    MAX_LOGPROBS,
+    SamplingParams,
+    SpecConfig,
+    checked_max_new_tokens,
+)
+from specgen.core.errors import OptionError, PromptError, SpecgenError
+from specgen.core.events import StepEvent, TokenLogprob
+from specgen.core.stats import GenStats
+from specgen.drafting import DraftMethod
+from specgen.engine.costs import CostWatch
+from specgen.engine.run import decode
+from specgen.engine.score import score_prompt
+from specgen.engine.session import Session
+from specgen.hub import Notify
+from specgen.models.transformer import Transformer
+from specgen.registry import DEFAULT_ALIAS, MODELS
+from specgen.scheduling.cost import CostTable
+from specgen.scheduling.learning import Schedulers
+from specgen.text.codec import Detokenizer, TextCodec
+from specgen.verify.constraint import Constraint
+
+Prompt = str | list[dict[str, str]]  # text, or a chat conversation
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One step of a stream: the text it added and the tokens it committed."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stats: GenStats  # running totals; final once stats.finish_reason is set
+    draft_chars: int = 0  # text[:draft_chars] came from accepted draft tokens
+    # with SamplingParams.logprobs: one per token (and one more for the stop token that
+    # ended the answer, if one did), and the text each token added (joined: `text`; a
+    # token that ends a character spelled over several adds it whole)
+    logprobs: tuple[TokenLogprob, ...] = ()
+    token_text: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt: Prompt
+    text: str
+    token_ids: list[int]
+    stats: GenStats
+    logprobs: list[TokenLogprob] | None = None  # with SamplingParams.logprobs (see Chunk)
+
+    def to_dict(self) -> dict[str, Any]:
+        record = {
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "stats": self.stats.to_dict(),
+        }
+        if self.logprobs is not None:
+            record["logprobs"] = [
+                {"token": t.token, "logprob": t.logprob, "top": [list(p) for p in t.top]}
+                for t in self.logprobs
+            ]
+        if self.stats.trace is not None:
+            record["trace"] = self.stats.trace
+        return record
+
+
+class Pipeline:
+    def __init__(
+        self,
+        model: Transformer,
+        codec: TextCodec,
+        name: str,
+        context: int,
+        spec: SpecConfig | None = None,
+        costs: CostTable | None = None,
+        method: DraftMethod | None = None,
+        source: str | None = None,
+        *,
+        watch: CostWatch | None = None,
+    ) -> None:
+        """What was loaded, to run: usually made by `load` and `with_spec` (specgen.api.loader
+        loads). `spec` is taken as checked (`spec.checked_spec`); `method` is its loaded
+        draft method (None for AR); `costs` (measured verify and draft times) is what the
+        "cost" verify policy and a choice among several drafters need: without it every
+        draft is verified whole. `watch` measures them again when they go stale."""
+        spec = spec or SpecConfig()
+        if method is None and not spec.is_ar:
+            raise SpecgenError(
+                f"Pipeline takes {spec.method}'s loaded draft method: Pipeline.load or "
+                "with_spec loads it"
+            )
+        self.model = model
+        self.codec = codec
+        self.name = name
+        self.context = context
+        self.spec = spec
+        self.method = method
+        self.source = source or name  # where the target came from (cost-table key)
+        # the scheduler each answer starts with, and what the last one learnt
+        self.schedulers = Schedulers(spec.verify_policy, costs, len(self.drafters))
+        self._watch = watch
+        entry = MODELS.get(name)
+        # the chat template's thinking mode the registry's drafters were trained with
+        self.thinking: bool | None = entry.thinking if entry else None
+        self.session = self.new_session()
+
+    @classmethod
+    def load(
+        cls,
+        model: str = DEFAULT_ALIAS,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        context: int | None = None,
+        spec: SpecConfig | None = None,
+        notify: Notify | None = None,
+        measure_costs: bool = False,
+        quantize: str | None = None,
+        dequantize: bool = False,
+    ) -> Pipeline:
+        """Resolve `model` (alias, path, .gguf or Hub repo) and load it.
+
+        Args:
+            context: KV-cache capacity in tokens; default min(model limit, 8192).
+            quantize: "int8" or "int4": pack a full-precision target's matrices on load.
+            dequantize: run a GGUF target dequantized to `dtype` instead of packed.
+            spec: the decoding method and its knobs (default: plain AR).
+            notify: called with one-line progress messages (conversion, download).
+            measure_costs: measure the step costs again instead of using cached ones.
+        """
+        spec = checked_spec(spec or SpecConfig(), model)  # fail before the slow part
+        target = load_target(
+            model,
+            device=device,
+            dtype=dtype,
+            context=context,
+            notify=notify,
+            quantize=quantize,
+            dequantize=dequantize,
+        )
+        loaded = load_decoding(target, spec, notify=notify, measure_costs=measure_costs)
+        return cls._of(target, loaded)
+
+    def with_spec(
+        self,
+        spec: SpecConfig,
+        *,
+        notify: Notify | None = None,
+        costs: CostTable | None = None,
+        measure_costs: bool = False,
+    ) -> Pipeline:
+        """Another decoding method on this pipeline's loaded target (weights are shared;
+        sessions are not). Loads the drafter and, where the policy or a choice among
+        drafters needs them, the measured costs (cached; `measure_costs`: measured again;
+        and measured again once by itself when the steps disagree with them,
+        `engine.costs.CostWatch`). `costs` given instead (fixed prices for tests, another
+        machine's for what-if runs) are used as they are, for the drafters it mounts."""
+        spec = checked_spec(spec, self.name)
+        loaded = load_decoding(
+            self._target, spec, notify=notify, costs=costs, measure_costs=measure_costs
+        )
+        return Pipeline._of(self._target, loaded)
+
+    @classmethod
+    def _of(cls, target: Target, loaded: Decoding) -> Pipeline:
+        return cls(
+            target.model, target.codec, target.name, target.context, loaded.spec,
+            loaded.costs, loaded.method, target.source, watch=loaded.watch,
+        )  # fmt: skip
+
+    @property
+    def costs(self) -> CostTable | None:
+        """The cost table the schedulers decide from (replaced when measured again)."""
+        return self.schedulers.costs
+
+    @costs.setter
+    def costs(self, costs: CostTable | None) -> None:
+        self.schedulers.costs = costs
+
+    @property
+    def _target(self) -> Target:
+        """What this pipeline runs on, for another method on the same weights."""
+        return Target(self.model, self.codec, self.name, self.context, self.source)
+
+    @property
+    def _cost_key(self) -> str:
+        return self._target.cost_key
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether decoding runs in the overlap engine's thread: "auto" overlaps on CUDA
+        only. On the CPU torch's kernels run slower from a second thread than from the one
+        that formed its thread team, and nothing measurable is gained (docs/results.md)."""
+        if self.spec.engine != "auto":
+            return self.spec.engine == "overlap"
+        return self.model.device.type == "cuda"
+
+    @property
+    def resident_steps(self) -> bool:
+        """Whether speculative steps keep their state on the device (engine/resident.py):
+        the overlap engine on CUDA, for drafters with fixed-shape draft steps. On the CPU
+        every op finishes before it returns, so there is nothing to queue ahead."""
+        return self.overlaps and self.model.device.type == "cuda"
+
+    def new_session(self) -> Session:
+        """A fresh KV cache (and drafter state), e.g. for an independent chat."""
+        graphs = self.spec.cuda_graphs and self.model.device.type == "cuda"
+        if self.method is None:
+            return Session(self.model, self.context, graphs=graphs)
+        drafter = self.method.new_drafter(self.context)
+        return Session(self.model, self.context, drafter, self.schedulers.new(), graphs=graphs)
+
+    def renew(self, session: Session) -> Session:
+        """`session` emptied and with a new scheduler (from the estimates the last answer
+        left, `Schedulers.learnt`), as `new_session` would make it, but keeping its buffers
+        and so its CUDA graphs (captured per session)."""
+        session.reset()
+        if session.drafter is not None:
+            session.scheduler = self.schedulers.new()
+        return session
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The names of the drafters this pipeline drafts with (none for AR)."""
+        return () if self.method is None else tuple(self.method.mounted)
+
+    def encode(self, prompt: Prompt, *, raw: bool = False, think: bool | None = None) -> list[int]:
+        """Token ids for `prompt`: chat-templated unless `raw` (then the text as is), in
+        thinking mode if `think` (None: what the model's drafters were trained with)."""
+        if think is None:
+            think = bool(self.thinking)
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError("empty prompt")
+            if raw:
+                return self.codec.encode_raw(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        return self.codec.encode_chat(prompt, think=think)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        raw: bool = False,
+        think: bool | None = None,
+        session: Session | None = None,
+    ) -> Iterator[Chunk]:
+        """Yield text as it is generated; the last chunk's stats carry the finish reason."""
+        ids = self.encode(prompt, raw=raw, think=think)
+        yield from self.stream_ids(
+            ids, sampling=sampling, max_new_tokens=max_new_tokens, session=session
+        )
+
+    def stream_ids(
+        self,
+        prompt_ids: list[int],
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        session: Session | None = None,
+        ignore_eos: bool = False,
+        constraint: Constraint | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> Iterator[Chunk]:
+        """`ignore_eos`: stop tokens do not end the answer (vLLM's field; load testers ask
+        for exactly `max_new_tokens`); the context filling up still does. `constraint`:
+        what the answer may say, applied to every row the target scores (every method
+        stays exactly constrained AR: verify/constraint.py). `cancel`: asked between
+        prefill chunks; when it returns True, `Cancelled` is raised and the session keeps
+        the chunks done (engine/prefill.py)."""
+        checked_max_new_tokens(max_new_tokens)
+        session = session or self.session
+        new_ids = session.prepare(prompt_ids)
+        params = sampling or SamplingParams()
+        if session.drafter is not None:  # a seeded sampling answer starts from the prior
+            session.scheduler = self.schedulers.for_answer(session.scheduler, params)
+        stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        stats.method = self.spec.method
+        stats.trace = [] if self.spec.trace else None
+        if session.drafter is not None:
+            stats.verify_policy = str(session.scheduler.policy if session.scheduler else "full")
+        events = decode(
+            session,
+            new_ids,
+            params=params,
+            max_new_tokens=max_new_tokens,
+            stop_ids=frozenset() if ignore_eos else self.codec.stop_ids,
+            overlap=self.overlaps,
+            resident=self.resident_steps,
+            constraint=constraint,
+            cancel=cancel,
+        )
+        detok = Detokenizer(self.codec)
+        output: list[int] = []
+        try:
+            for event in events:
+                output.extend(event.tokens)
+                stats.record(event)
+                yield _chunk(event, detok, stats)
+        finally:
+            events.close()  # the overlap engine's thread is done after this
+            session.settle(prompt_ids + output)
+            self.schedulers.finished(session.scheduler)
+        if self._watch is not None:  # an answer that ran to its end: its steps judge costs
+            self._watch.after(stats, self.schedulers, session.scheduler)
+
+    def prompt_logprobs(
+        self, prompt_ids: list[int], *, top: int = 0, session: Session | None = None
+    ) -> list[TokenLogprob]:
+        """The target's logprob of each token of `prompt_ids` after the first, given the
+        tokens before it, with the `top` likeliest tokens at each position (raw
+        distribution, as `SamplingParams.logprobs`). One prefill of the whole prompt: the
+        session then holds it, so answering the same prompt next prefills one token."""
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise OptionError("logprobs", f"must be in [0, {MAX_LOGPROBS}]", top)
+        if not prompt_ids:
+            raise PromptError("empty prompt")
+        return score_prompt(session or self.session, list(prompt_ids), top)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        raw: bool = False,
+        think: bool | None = None,
+        session: Session | None = None,
+    ) -> Completion:
+        """Generate to completion (same options as `stream`)."""
+        ids: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        stats = GenStats()
+        chunks = self.stream(
+            prompt,
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            raw=raw,
+            think=think,
+            session=session,
+        )
+        for chunk in chunks:
+            ids.extend(chunk.token_ids)
+            logprobs.extend(chunk.logprobs)
+            stats = chunk.stats
+        asked = sampling is not None and sampling.logprobs is not None
+        return Completion(prompt, self.codec.decode(ids), ids, stats, logprobs if asked else None)
+
+
+def _chunk(event: StepEvent, detok: Detokenizer, stats: GenStats) -> Chunk:
+    """A step's text: accepted drafts first, then the target's own token, so views can
+    colour them apart. With logprobs, token by token, so each token's text is known."""
+    drafts = min(event.accepted, len(event.tokens))
+    if event.logprobs:
+        pieces = [detok.push([token]) for token in event.tokens]
+        tail = detok.flush() if event.finish is not None else ""
+        if pieces:  # the held end of a character belongs to the last token
+            pieces[-1], tail = pieces[-1] + tail, ""
+        drafted = sum(len(p) for p in pieces[:drafts])
+        text = "".join(pieces) + tail
+        return Chunk(text, event.tokens, stats, drafted, event.logprobs, tuple(pieces))
+    drafted_text = detok.push(list(event.tokens[:drafts])) if drafts else ""
+    text = drafted_text + detok.push(list(event.tokens[drafts:]))
+    if event.finish is not None:
+        text += detok.flush()
+    return Chunk(text, event.tokens, stats, draft_chars=len(drafted_text))

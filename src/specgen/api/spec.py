@@ -1,0 +1,100 @@
+"""A `SpecConfig` checked against the registered methods and the model registry, and the
+draft method it names, loaded with its checkpoints resolved (downloaded) first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from specgen.core.config import SpecConfig
+from specgen.core.errors import CheckpointError, SpecgenError
+from specgen.drafting import Checkpoint, DraftMethod, method_of
+from specgen.hub import Notify, resolve_drafter
+from specgen.methods import DRAFTERS, METHODS
+from specgen.models.transformer import Transformer
+from specgen.registry import MODELS
+
+
+def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
+    """The method exists; given drafters name their method; a method that needs drafters
+    has them (the registry's for `model` when none were given)."""
+    if spec.method not in METHODS:
+        raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
+    if spec.is_ar and isinstance(spec.drafter, tuple):  # the method mounting as many
+        fits = [m for m, cls in DRAFTERS.items() if cls.mounts(len(spec.drafter))]
+        if not fits:
+            raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
+        spec = replace(spec, method=fits[0])
+    elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
+        drafter_dir = resolve_drafter(spec.drafter)
+        spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
+    elif isinstance(spec.drafter, str) and DRAFTERS[spec.method].variants:
+        spec = _variant(spec)
+    if spec.is_ar:
+        return spec
+    cls = DRAFTERS[spec.method]
+    if spec.drafter is not None and not cls.mounts(len(_sources(spec))):
+        raise SpecgenError(
+            f"--method {spec.method} takes {cls.mounts_text()} --drafter, got {len(_sources(spec))}"
+        )
+    if spec.drafter is not None or not cls.needs_drafter:
+        return spec
+    entry = MODELS.get(model.lower())
+    drafter = None if entry is None else cls.registry_drafter(entry.drafters)
+    if drafter is None:
+        raise SpecgenError(
+            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
+        )
+    return replace(spec, drafter=drafter)
+
+
+def _variant(spec: SpecConfig) -> SpecConfig:
+    """A method given a checkpoint of one of its `variants` runs it as that variant (e.g.
+    `--method dflash` with a DFlash 2 drafter runs dflash2, reported so)."""
+    drafter_dir = resolve_drafter(spec.drafter)
+    resolved = replace(spec, resolved=((spec.drafter, str(drafter_dir)),))
+    try:
+        kind = method_of(drafter_dir)
+    except SpecgenError:
+        return resolved  # left to the method's loader, as `_check_kind` does
+    if kind in DRAFTERS[spec.method].variants:
+        return replace(resolved, method=kind, drafter=str(drafter_dir))
+    return resolved
+
+
+def _sources(spec: SpecConfig) -> tuple[str, ...]:
+    """The drafter checkpoints `spec` names (none, one, or a tuple of them)."""
+    if spec.drafter is None:
+        return ()
+    return spec.drafter if isinstance(spec.drafter, tuple) else (spec.drafter,)
+
+
+def load_method(
+    target: Transformer, spec: SpecConfig, target_name: str, notify: Notify | None = None
+) -> DraftMethod:
+    """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
+    found = dict(spec.resolved)
+    checkpoints = [
+        Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s) for s in _sources(spec)
+    ]
+    if DRAFTERS[spec.method].drafters_needed == 1:
+        _check_kind(spec.method, checkpoints[0])
+    return DRAFTERS[spec.method].load(
+        target, spec, checkpoints, target_name=target_name, notify=notify
+    )
+
+
+def _check_kind(method: str, checkpoint: Checkpoint) -> None:
+    """A checkpoint whose config names another method is refused: run as `method` it
+    would silently draft with the wrong layout (DSpark's shares DFlash's backbone, so it
+    even loads). One whose architecture specgen does not know is left to `method`'s loader:
+    naming the method is how such a checkpoint is run at all."""
+    try:
+        kind = method_of(checkpoint.path)
+    except SpecgenError:
+        return
+    if kind != method:
+        raise CheckpointError(
+            f"{checkpoint.name} is a {kind} drafter (its config.json says so), not a "
+            f"{method} one: run it as {kind} (leave --method out), or give a {method} drafter"
+        )

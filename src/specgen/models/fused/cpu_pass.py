@@ -1,0 +1,271 @@
+"""A Llama-shaped target with packed weights, run on the CPU as one fused C pass.
+
+`FusedPass.of(model)` describes the model once to `kernels/cpu/decoder.c` (every layer's
+weights, norms and biases as pointers into the model's own tensors; nothing is copied) and
+then runs decode steps, verify blocks and prefills as one call each: the same layer as
+models/layers/decoder.py, with packed.c's batch-invariant products. A model it cannot run
+(a family that does not declare `fused_cpu`, an option outside `OPTIONS`, dense or bf16
+weights, a GPU, a hybrid or shared cache, padded batches) goes through the eager layers;
+`SPECGEN_CPU_PASS=eager` forces that path (the oracle in tests, the baseline in benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import os
+import time
+
+import torch
+
+from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
+from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations
+from specgen.models.cache.kv import StaticKVCache
+from specgen.models.family import family_of
+from specgen.models.formats import weights as weights_module
+from specgen.models.formats.packed_matrix import PackedMatrix
+from specgen.models.formats.packed_weight import PackedWeight
+from specgen.models.fused.threads import ThreadTuner
+from specgen.models.layers.decoder import DecoderLayer
+
+MAX_HEAD_DIM = 512  # decoder.c's per-query accumulator
+# below this many multiply-adds per phase (a layer has six, between barriers) one thread
+# runs the pass: a tiny model's phases are shorter than waking and meeting a second thread
+MIN_PARALLEL_WORK = 1 << 18
+
+
+def wanted() -> bool:
+    return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
+
+
+def tuned_threads() -> bool:
+    """Whether the pass picks its thread count from its measured calls (fused_threads.py),
+    up to torch's count; `SPECGEN_CPU_THREADS=fixed` always takes torch's count."""
+    return os.environ.get("SPECGEN_CPU_THREADS", "tuned").lower() != "fixed"
+
+
+class FusedPass:
+    """The C description of one model; `run` does one forward pass through it."""
+
+    def __init__(self, model) -> None:
+        a = model.args
+        self.keep: list = []  # every ctypes array and tensor the description points into
+        layers = (Layer * a.num_layers)()
+        for i, layer in enumerate(model.layers):
+            layers[i] = Layer(
+                qkv=self._lin(layer.wqkv, layer.bqkv),
+                o=self._lin(layer.wo, layer.bo),
+                gate_up=self._lin(layer.w_gate_up, layer.b_gate_up),
+                down=self._lin(layer.w_down, layer.b_down),
+                attn_norm=self._ptr(layer.attn_norm),
+                ffn_norm=self._ptr(layer.ffn_norm),
+                q_norm=self._ptr(layer.q_norm),
+                k_norm=self._ptr(layer.k_norm),
+            )
+        self.keep.append(layers)
+        self.model = Model(
+            layers=a.num_layers,
+            hidden=a.hidden_size,
+            heads=a.num_heads,
+            kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim,
+            inter=a.intermediate_size,
+            vocab=a.vocab_size,
+            direct_rows=DIRECT_ROWS,
+            act=ACTIVATIONS[activations()],
+            eps=a.rms_norm_eps,
+            attn_scale=1.0 / math.sqrt(a.head_dim),
+            layer=layers,
+            norm=self._ptr(model.norm),
+            head=self._lin(model.lm_head, None),
+        )
+        self.layer_count = a.num_layers
+        layer = model.layers[0]
+        self.layer_work = sum(
+            w.shape[0] * w.shape[1] for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        )
+        self.min_parallel_work = MIN_PARALLEL_WORK
+        self.tuner = ThreadTuner() if tuned_threads() else None
+
+    # describing ------------------------------------------------------------------------
+    def _ptr(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def _lin(self, w: PackedWeight, bias: torch.Tensor | None) -> Lin:
+        segs = (Seg * len(w.segments))()
+        for j, (start, seg) in enumerate(zip(w.starts, w.segments, strict=True)):
+            if isinstance(seg, PackedMatrix):
+                segs[j] = Seg(
+                    row0=start,
+                    rows=seg.shape[0],
+                    bits=seg.bits,
+                    group=seg.group,
+                    half=seg.scale.dtype == torch.float16,
+                    q=self._ptr(seg.q),
+                    scale=self._ptr(seg.scale),
+                    mins=self._ptr(seg.mins),
+                )
+            else:  # a dense fp32 segment
+                segs[j] = Seg(row0=start, rows=seg.shape[0], bits=0, group=0, q=self._ptr(seg.w))
+        self.keep.append(segs)
+        return Lin(segs=segs, nsegs=len(segs), bias=self._ptr(bias), N=w.shape[0], K=w.shape[1])
+
+    # running ---------------------------------------------------------------------------
+    def run(
+        self,
+        model,
+        tokens: torch.Tensor,  # [1, T]
+        cache: StaticKVCache,
+        start: int,
+        taps: tuple[int, ...],
+        num_logits: int,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:  # logits [1, n, V], taps [1, T, H]
+        t, h = tokens.shape[1], model.args.hidden_size
+        x = model.embed_tokens(tokens).contiguous()
+        cos, sin = model._tables[0]
+        m = self.model
+        m.capacity, m.cos, m.sin = cache.capacity, cos.data_ptr(), sin.data_ptr()
+        m.k, m.v = cache.k.data_ptr(), cache.v.data_ptr()
+        wanted_taps = tuple(dict.fromkeys(i for i in taps if 0 <= i < self.layer_count))
+        tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
+        tapped = torch.empty(len(wanted_taps), 1, t, h)
+        logits = torch.empty(1, num_logits, model.args.vocab_size)
+        threads, began = self.threads(t), time.perf_counter()
+        failed = decoder_forward()(
+            ctypes.byref(m),
+            x.data_ptr(),
+            t,
+            start,
+            tap_ids,
+            len(wanted_taps),
+            tapped.data_ptr(),
+            num_logits,
+            logits.data_ptr(),
+            threads,
+        )
+        if self.tuner is not None:
+            self.tuner.record(t, threads, time.perf_counter() - began)
+        if failed:
+            raise MemoryError("fused decoder pass: out of memory for its buffers")
+        return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
+
+    def threads(self, rows: int) -> int:
+        """One for a pass too small to share; else up to torch's count (set by --threads),
+        as many as run this kind of call fastest now (the same bits whatever the count)."""
+        if rows * self.layer_work < 6 * self.min_parallel_work:
+            return 1
+        most = torch.get_num_threads()
+        return most if self.tuner is None else self.tuner.choose(rows, most)
+
+    # when it applies -------------------------------------------------------------------
+    @staticmethod
+    def of(model) -> FusedPass | None:
+        """The model's pass (built on first use, rebuilt after its weights changed), or
+        None where the model cannot run fused (that answer kept too: it is asked every
+        forward)."""
+        key = (weights_module.generation(), wanted(), activations())
+        known = model.__dict__.get("_fused")
+        if known is not None and known[0] == key:
+            return known[1]
+        made = FusedPass(model) if key[1] and runnable(model) else None
+        model.__dict__["_fused"] = (key, made)
+        return made
+
+
+def cache_fits(model, cache, batch: int, pad) -> bool:
+    """Whether a pass over this cache and batch can run fused."""
+    a = model.args
+    k = getattr(cache, "k", None)
+    return (
+        type(cache) is StaticKVCache
+        and batch == 1
+        and pad is None
+        and cache._slot_of is None
+        and isinstance(k, torch.Tensor)
+        and k.shape == (a.num_layers, 1, a.num_kv_heads, cache.capacity, a.head_dim)
+        and k.dtype == torch.float32
+        and k.is_contiguous()
+        and cache.v.is_contiguous()
+        and model._tables[0][0].shape[0] >= cache.capacity
+    )
+
+
+def _any(value, args) -> bool:
+    return True
+
+
+# Every option of a target's ModelArgs, and the values the pass computes: an allow-list,
+# so an option added later (or a family's) keeps a model off the pass until it is
+# written here and into decoder.c (tests/test_fused_cpu.py checks every field is named).
+OPTIONS = {
+    "family": _any,  # the family itself says whether its layer is the pass's (fused_cpu)
+    "vocab_size": _any,
+    "hidden_size": _any,
+    "intermediate_size": _any,
+    "num_layers": _any,
+    "num_heads": lambda v, a: v % a.num_kv_heads == 0,
+    "num_kv_heads": _any,
+    "head_dim": lambda v, a: v % 2 == 0 and v <= MAX_HEAD_DIM,
+    "rms_norm_eps": _any,
+    "max_positions": _any,
+    "rope": _any,  # the pass reads the model's own cos/sin tables
+    "tie_word_embeddings": _any,
+    "qkv_bias": _any,
+    "o_bias": _any,
+    "mlp_bias": _any,
+    "qk_norm": _any,
+    "eos_token_ids": _any,
+    "bos_token_id": _any,
+    "attn_output_gate": lambda v, a: not v,
+    "rotary_dim": lambda v, a: v is None or v == a.head_dim,
+    "norm_offset": lambda v, a: not v,  # decoder.c scales by w, not 1 + w
+    "fp32_norms": _any,  # an fp32 model's norms are fp32 anyway
+    "layout": lambda v, a: v is None,  # a family's own layer pattern: not the pass's
+    "embed_scale": lambda v, a: v is None,
+    "logit_softcap": lambda v, a: v is None,
+}
+
+
+def options_runnable(args) -> bool:
+    """Whether the pass computes a model with these options: each one named in `OPTIONS`
+    with a value it allows, and the family's layer the pass's."""
+    return family_of(args).fused_cpu and all(
+        f.name in OPTIONS and OPTIONS[f.name](getattr(args, f.name), args)
+        for f in dataclasses.fields(args)
+    )
+
+
+def runnable(model) -> bool:
+    """A fp32 CPU target of a family and options the pass computes, whose every matrix is
+    packed (or fp32 rows)."""
+    a = model.args
+    if (
+        not options_runnable(a)
+        or decoder_forward() is None
+        or model.dtype != torch.float32
+        or model.device.type != "cpu"
+        or len(model._tables) != 1
+        or any(w is not None for w in model.windows)
+        or not _packed(model.lm_head)
+    ):
+        return False
+    for layer in model.layers:
+        if type(layer) is not DecoderLayer or layer.in_features != a.hidden_size:
+            return False
+        if not all(_packed(w) for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)):
+            return False
+        if (layer.q_norm is None) != (layer.k_norm is None):
+            return False
+    return True
+
+
+def _packed(w) -> bool:
+    return isinstance(w, PackedWeight) and all(
+        (isinstance(s, PackedMatrix) and s.columns is None)  # the pass reads columns in order
+        or (not isinstance(s, PackedMatrix) and s.w.dtype == torch.float32)
+        for s in w.segments
+    )

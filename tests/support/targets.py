@@ -1,0 +1,221 @@
+"""Tiny seeded target checkpoints in the real HF layouts (Llama, Qwen2, Qwen3, Mistral,
+Qwen3.5, Gemma 4), their byte-level BPE tokenizer with a ChatML template, and the
+published configs under `fixtures/`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+TINY_VOCAB = 320
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+TOKENIZER_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens and verifies them with the target model.",
+    "Café, naïve, 東京, привет, 🙂 — multi-byte text for the tokenizer.",
+    "def add(a, b):\n    return a + b\n",
+] * 20
+
+
+def hf_config(family: str, **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        initializer_range=0.2,  # peaked logits: greedy ties would make tests flaky
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    if family == "llama":
+        return LlamaConfig(head_dim=16, **common)
+    if family == "qwen2":
+        return Qwen2Config(use_sliding_window=False, **common)
+    if family == "mistral":
+        return MistralConfig(head_dim=16, sliding_window=None, **common)
+    return Qwen3Config(head_dim=16, use_sliding_window=False, **common)
+
+
+def save_tiny(path: Path, family: str, seed: int = 0, **overrides):
+    """Write a random tiny model + tokenizer to `path`; return the transformers model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(family, **overrides)).eval()
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+_TOKENIZER = None
+
+
+def tiny_tokenizer():
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=TINY_VOCAB,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tok.train_from_iterator(TOKENIZER_TEXT, trainer)
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        )
+        fast.chat_template = CHATML
+        _TOKENIZER = fast
+    return _TOKENIZER
+
+
+def save_tiny_qwen3_5(path: Path, seed: int = 0, *, layers: int = 6, **text_overrides):
+    """A random tiny Qwen3.5 saved as published: the multimodal
+    `Qwen3_5ForConditionalGeneration` (vision tower included, text under
+    `model.language_model.`), with every norm weight perturbed (its zero-centred norms
+    would otherwise hide a missing 1 + w), plus the tiny tokenizer. Returns the model."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        # peaked enough that greedy ties are rare, tame enough that fp32 rounding is not
+        # amplified through the recurrent layers (at 0.2 two fp32 implementations drift
+        # 2e-4 apart over 80 tokens, at 0.1 2e-5, at 0.05 2e-6)
+        initializer_range=0.1,
+    )
+    text.update(text_overrides)
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=4,
+        num_position_embeddings=16,
+    )
+    config = Qwen3_5Config(
+        text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"]
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # a plain weight (ones at init)
+                weight.normal_(1.0, 0.1)
+            elif "norm" in name:  # zero-centred (zeros at init)
+                weight.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+def save_tiny_gemma4(path: Path, seed: int = 0, *, unified: bool = False, **text_overrides):
+    """A random tiny Gemma 4 saved as published: the multimodal
+    `Gemma4ForConditionalGeneration` (vision and audio towers included, text under
+    `model.language_model.`), or with `unified` the `Gemma4UnifiedForConditionalGeneration`
+    google/gemma-4-12B-it is published as (vision and audio embedders, no towers), plus the
+    tiny tokenizer. Six layers, sliding and global mixed (head dims 16 and 32), a sliding
+    window of 4 (verify blocks cross it), no per-layer embeddings, final logit softcapping
+    at 10 (it bites on these logits). Untied by default (the published models tie:
+    `tie_word_embeddings=True`; a random tied model mostly repeats its last token). Every
+    norm weight and layer scalar is perturbed so a missing one shows. Returns the model."""
+    import transformers
+
+    text = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,  # global layers' KV heads under attention_k_eq_v
+        layer_types=GEMMA4_TYPES,
+        sliding_window=4,
+        max_position_embeddings=512,
+        hidden_size_per_layer_input=0,  # no per-layer embeddings (the 12B's setting)
+        final_logit_softcapping=10.0,
+        eos_token_id=2,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        initializer_range=0.2,  # peaked logits: greedy ties would make tests flaky
+    )
+    text.update(text_overrides)
+    if len(text["layer_types"]) != text["num_hidden_layers"]:
+        n = text["num_hidden_layers"]
+        text["layer_types"] = (GEMMA4_TYPES * n)[:n]
+    tie = text["tie_word_embeddings"]
+    if unified:  # vision and audio embedders only
+        kind = "Gemma4Unified"
+        vision = dict(mm_embed_dim=32, mm_posemb_size=16, patch_size=4, pooling_kernel_size=2)
+        audio = dict(audio_embed_dim=16)
+    else:
+        kind = "Gemma4"
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=4,
+                      position_embedding_size=16, pooling_kernel_size=2)  # fmt: skip
+        audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     subsampling_conv_channels=[8, 4], output_proj_dims=32,
+                     conv_kernel_size=3)  # fmt: skip
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=tie
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(config).eval()
+    with torch.no_grad():
+        for name, weight in model.model.language_model.named_parameters():
+            if "norm" in name:  # ones at init: a norm read as 1 + w, or not at all, shows
+                weight.normal_(1.0, 0.1)
+        for name, buffer in model.model.language_model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2

@@ -80,12 +80,13 @@ static inline void block_weights(const uint8_t *const *p, int bits, int64_t b, _
 /* A decode step waits on memory: a panel's 16 rows of W lie one after another, but read
  * block by block they are 16 streams the hardware did not follow (the products took twice
  * the fp32 kernel's time on a step). So each block asks for its share of the panel AHEAD
- * panels on: the same bytes as its own, 4 lines (4-bit) or 8 (8-bit). */
-#define AHEAD 2
+ * panels on: the same bytes as its own, 4 lines (4-bit) or 8 (8-bit), into L2 (into L1, a
+ * burst of them was a step a third slower; 2, 4 and 8 panels ahead measured alike, 4 best). */
+#define AHEAD 4
 static inline void prefetch_next(const uint8_t *const *p, int bits, int64_t K, int64_t b) {
     int64_t share = bits == 4 ? 256 : 512; /* a block's bytes in a panel */
     const char *next = (const char *)p[0] + AHEAD * P * (bits == 4 ? K / 2 : K) + b * share;
-    for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T0);
+    for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
 }
 
 /* 8-bit without VNNI: z's magnitudes (unsigned for vpmaddubsw) and its signs, which each row

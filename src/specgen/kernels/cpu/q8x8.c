@@ -65,11 +65,11 @@ static inline void block_weights(const uint8_t *const *p, int bits, int64_t b, _
 }
 
 /* a block's share of the panel AHEAD panels on, asked for early (q8x16.c says why) */
-#define AHEAD 2
+#define AHEAD 4
 static inline void prefetch_next(const uint8_t *const *p, int bits, int64_t K, int64_t b) {
     int64_t share = bits == 4 ? 128 : 256;
     const char *next = (const char *)p[0] + AHEAD * P * (bits == 4 ? K / 2 : K) + b * share;
-    for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T0);
+    for (int64_t at = 0; at < share; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
 }
 
 static inline __m256i sums4(const __m256i *z, const int8_t *xb) { /* two chains: q8x16.c */

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specgen.core.once import building
 from specgen.core.paths import specgen_home
 
 SOURCE = Path(__file__).parent / "cpu" / "packed.c"
@@ -75,12 +76,13 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        done = subprocess.run(
-            [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
-        )
-        if done.returncode:
-            raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
-        os.replace(tmp, out)  # atomic: a concurrent build leaves one whole library
+        with building(f"the CPU kernels ({out.name})", out.parent):  # said once, timed
+            done = subprocess.run(
+                [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
+            )
+            if done.returncode:
+                raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
+            os.replace(tmp, out)  # atomic: a concurrent build leaves one whole library
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -9,7 +9,7 @@ from pathlib import Path
 from specgen.core.config import SpecConfig
 from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.drafting import Checkpoint, DraftMethod, method_of
-from specgen.hub import Notify, resolve_drafter
+from specgen.hub import Notify, packaged_drafters, resolve_drafter
 from specgen.methods import DRAFTERS, METHODS
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS
@@ -42,10 +42,20 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     entry = MODELS.get(model.lower())
     drafter = None if entry is None else cls.registry_drafter(entry.drafters)
     if drafter is None:
-        raise SpecgenError(
-            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
-        )
+        raise SpecgenError(no_drafter(spec.method, model))
     return replace(spec, drafter=drafter)
+
+
+def no_drafter(method: str, model: str) -> str:
+    """What to pass instead: a drafter of this method that ships with specgen for `model`
+    but that its alias does not pair (the default's EAGLE-3), else any."""
+    shipped = [d for d in packaged_drafters(model) if method_of(resolve_drafter(d)) == method]
+    if shipped:
+        return (
+            f"{model} pairs no {method} drafter by default, but specgen ships one: "
+            f"pass --drafter {shipped[0]}"
+        )
+    return f"no {method} drafter is known for {model}; pass --drafter PATH|REPO"
 
 
 def _variant(spec: SpecConfig) -> SpecConfig:

@@ -50,6 +50,7 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted([*globals(), *_PUBLIC])
 
+
 __all__ = [
     "AR",
     "Chunk",

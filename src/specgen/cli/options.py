@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
@@ -268,6 +269,11 @@ class Run:
         quiet_libraries()
         once.listen(None if self.quiet else display.status)  # what a first run builds
         with timings.recording() as phases:
+            if Path(self.model).expanduser().exists():  # a local file: read (and refused) first
+                from specgen.hub import resolve_model
+
+                with timings.phase("file checked"):
+                    resolve_model(self.model, notify=None if self.quiet else display.status)
             with timings.phase("imports"):  # torch and the engine: the first thing that needs them
                 from specgen.api.pipeline import Pipeline
             if self.threads is not None:

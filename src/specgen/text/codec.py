@@ -47,6 +47,11 @@ class TextCodec:
             self.stop_ids |= {eos}
 
     @property
+    def from_cache(self) -> bool:
+        """Whether encoding and decoding run on the cached tokenizer (no transformers)."""
+        return self._fast is not None
+
+    @property
     def tokenizer(self) -> Any:
         """transformers' tokenizer of the model (loaded on first use)."""
         with self._lock:

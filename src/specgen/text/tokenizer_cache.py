@@ -117,9 +117,13 @@ def save(tokenizer: Any, model_dir: Path) -> Path | None:
         (tmp / "codec.json").write_text(json.dumps(facts), encoding="utf-8")
         try:
             tmp.rename(where)
-        except OSError:  # another process cached the same tokenizer first
-            if not (where / "codec.json").is_file():
-                raise
+        except OSError:  # there already: a damaged cache (replaced), or another process's
+            shutil.rmtree(where, ignore_errors=True)
+            try:
+                tmp.rename(where)
+            except OSError:  # another process wrote the same cache in between
+                if not (where / "codec.json").is_file():
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return where

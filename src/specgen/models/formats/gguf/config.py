@@ -9,8 +9,6 @@ set_gguf_parameters`).
 
 from __future__ import annotations
 
-import numpy as np
-
 from specgen.core.errors import CheckpointError
 from specgen.models.formats.gguf.reader import GGUFFile
 
@@ -53,6 +51,8 @@ def _gemma4_config(file: GGUFFile) -> dict:
     k_eq_v = first_full is not None and f"blk.{first_full}.attn_v.weight" not in tensors
     partial = 0.25  # the share of a global head that turns: rope_freqs' entries of 1.0
     if "rope_freqs.weight" in tensors and tensors["rope_freqs.weight"].kind == "F32":
+        import numpy as np
+
         freqs = file.data("rope_freqs.weight").view(np.float32)
         partial = 2 * int((freqs == 1.0).sum()) / global_dim
     if "tokenizer.ggml.tokens" not in file.meta:

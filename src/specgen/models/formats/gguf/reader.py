@@ -23,27 +23,29 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from specgen.core.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# GGUF value types: id -> (struct code, numpy dtype); 8 is a string, 9 an array
+# GGUF value types: id -> (struct code, numpy dtype); 8 is a string, 9 an array. numpy is
+# imported when an array is read, not to parse the header (a refusal needs none of it)
 SCALARS = {
-    0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.uint16), 3: ("<h", np.int16),
-    4: ("<I", np.uint32), 5: ("<i", np.int32), 6: ("<f", np.float32), 7: ("<?", np.bool_),
-    10: ("<Q", np.uint64), 11: ("<q", np.int64), 12: ("<d", np.float64),
+    0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"),
+    4: ("<I", "<u4"), 5: ("<i", "<i4"), 6: ("<f", "<f4"), 7: ("<?", "?"),
+    10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
 }  # fmt: skip
 STRING, ARRAY = 8, 9
 
 # ggml tensor types: id -> (name, elements per block, bytes per block), from ggml.h / ggml.c
 GGML_TYPES = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
     16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
@@ -51,7 +53,7 @@ GGML_TYPES = {
     22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 }  # fmt: skip
 
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -121,7 +123,11 @@ class GGUFFile:
         self.size = size
         try:
             self._parse()
-        except (struct.error, IndexError, OverflowError, ValueError, UnicodeDecodeError) as e:
+        except struct.error:  # a read past the end
+            raise CheckpointError(
+                f"{self.name}: not a readable GGUF file (it ends early: truncated?)"
+            ) from None
+        except (IndexError, OverflowError, ValueError, UnicodeDecodeError) as e:
             raise CheckpointError(
                 f"{self.name}: not a readable GGUF file ({type(e).__name__}: {e})"
             ) from None
@@ -130,7 +136,7 @@ class GGUFFile:
     def _parse(self) -> None:
         buf = self._map
         (self.version,) = _U32.unpack_from(buf, 4)
-        if self.version & 0xFFFF == 0:
+        if self.version and self.version & 0xFFFF == 0:  # 3 read in the other byte order
             raise ValueError("a big-endian GGUF file (specgen reads little-endian ones)")
         if self.version not in (2, 3):
             raise ValueError(f"GGUF version {self.version} (specgen reads versions 2 and 3)")
@@ -192,7 +198,7 @@ class GGUFFile:
         item, count = struct.unpack_from("<IQ", self._map, off)
         start = off + 12
         if item in SCALARS:
-            end = start + count * np.dtype(SCALARS[item][1]).itemsize
+            end = start + count * struct.calcsize(SCALARS[item][0])
         elif item == STRING:
             end = self._skip_strings(start, count)
         elif item == ARRAY:  # arrays of arrays: rare, kept as a list of their arrays
@@ -241,6 +247,8 @@ class GGUFFile:
 
     def array(self, key: str) -> np.ndarray:
         """A numeric array value as one numpy array (a view of the file)."""
+        import numpy as np
+
         value = self.meta[key]
         if not isinstance(value, LazyArray) or value.item_type not in SCALARS:
             raise CheckpointError(f"{self.name}: {key} is not a numeric array")
@@ -275,12 +283,16 @@ class GGUFFile:
             return value
         if value.item_type == STRING:
             return self._strings(value)
+        import numpy as np
+
         dtype = np.dtype(SCALARS[value.item_type][1])
         return np.frombuffer(self._map, dtype, value.count, value.start).tolist()
 
     def data(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes, [rows, bytes per row] (rows: every dimension but ne0),
         a view of the file."""
+        import numpy as np
+
         t = self.tensors[name]
         n = t.n_bytes
         if n is None:

@@ -113,7 +113,8 @@ def test_what_is_measured_is_said_once_with_short_names(
     (said,) = [n for n in notes if n.startswith("measured")]  # one line, after, with its time
     assert re.fullmatch(
         r"measured verify costs and the dflash and dspark drafters' costs once for this "
-        r"model and device in \d+\.\d s \(cached\)", said
+        r"model and device in \d+\.\d s \(cached\)",
+        said,
     ), said
     assert f"loading DFlash drafter {tiny_dflash.name}" in notes  # its directory, not its path
     assert not any(str(tiny_dflash.parent) in n for n in notes)

@@ -8,6 +8,7 @@ read, a broken file in one line."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -17,6 +18,7 @@ import torch
 
 from specgen.core.errors import CheckpointError
 from specgen.models.families import model_args
+from specgen.models.formats.gguf.config import own_config
 from specgen.models.formats.gguf.index import GGUFIndex
 from specgen.models.formats.gguf.names import ARCHITECTURES, open_gguf, plan_names
 from specgen.models.formats.gguf.reader import GGML_TYPES, GGUFFile
@@ -235,3 +237,19 @@ def test_the_cli_refuses_before_loading_torch(tmp_path):
         assert not {"torch", "transformers"} & set(imported(done)), done.stdout
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+def test_the_llama_shaped_configs_come_from_the_file(tiny_files, embedded_gguf):
+    """What the first run writes as a Llama, Qwen2 or Qwen3 file's config describes the
+    checkpoint's own model (its epsilon through the file's fp32), and the default model
+    exactly as transformers' reader does."""
+    from transformers import AutoConfig
+
+    for family in ("llama", "qwen2", "qwen3"):
+        path, hf = tiny_files[family]
+        got = model_args(own_config(GGUFFile(path)), name="gguf")
+        want = model_args(read_config(hf, family), name="hf")
+        assert got == replace(want, rms_norm_eps=np.float32(want.rms_norm_eps).item()), family
+    theirs = AutoConfig.from_pretrained(str(embedded_gguf.parent), gguf_file=embedded_gguf.name)
+    ours = own_config(GGUFFile(embedded_gguf))
+    assert model_args(ours, name="d") == model_args(theirs.to_dict(), name="d")

@@ -1,10 +1,15 @@
-"""A config.json for a GGUF file, from its own key/values, for the architectures whose
-config transformers cannot rebuild from a GGUF (`OWN_CONFIGS`).
+"""A config.json for a GGUF file, from its own key/values (`OWN_CONFIGS`), so that the
+first run reads the file once more for its tokenizer only.
 
-transformers 5.25 rebuilds a Gemma 4 config from a GGUF with the defaults of another
-model (head dim 256, per-layer embeddings, its own layer pattern), so specgen writes it
-from the key/values llama.cpp's converter writes (`Gemma3Model`/`Gemma4Model.
-set_gguf_parameters`).
+The Llama-shaped architectures' config is what transformers 5.25 rebuilds from a GGUF
+(`GGUF_CONFIG_MAPPING`: the sizes, RoPE base, norm epsilon, token ids; a head without
+`output.weight` tied), except the head size, which it reads from the file
+(`attention.key_length`, then `rope.dimension_count`) where transformers takes Qwen3's
+default of 128. transformers rebuilds a Gemma 4 config with the defaults of another model
+(head dim 256, per-layer embeddings, its own layer pattern), so specgen writes it from the
+key/values llama.cpp's converter writes (`Gemma3Model`/`Gemma4Model.set_gguf_parameters`).
+Qwen3.5's hybrid config still comes from transformers' reader. tests/test_gguf_reader.py
+holds these to the checkpoints' own configs and to transformers'.
 """
 
 from __future__ import annotations
@@ -12,19 +17,56 @@ from __future__ import annotations
 from specgen.core.errors import CheckpointError
 from specgen.models.formats.gguf.reader import GGUFFile
 
-OWN_CONFIGS = ("gemma4",)
+OWN_CONFIGS = ("llama", "qwen2", "qwen3", "gemma4")
 
 
 def own_config(file: GGUFFile) -> dict | None:
     """The config of a file of `OWN_CONFIGS`' architectures (None for the others)."""
-    if file.architecture not in OWN_CONFIGS:
+    arch = file.architecture
+    if arch not in OWN_CONFIGS:
         return None
     try:
-        return _gemma4_config(file)
+        return _gemma4_config(file) if arch == "gemma4" else _llama_config(file, arch)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
         raise CheckpointError(
-            f"{file.name}: not a readable Gemma 4 GGUF (metadata: {type(e).__name__}: {e})"
+            f"{file.name}: not a readable {arch} GGUF (metadata: {type(e).__name__}: {e})"
         ) from None
+
+
+def _llama_config(file: GGUFFile, arch: str) -> dict:
+    def get(key: str, default=KeyError):
+        key = key.replace("{arch}", arch)
+        if key not in file.meta:
+            if default is KeyError:
+                raise KeyError(key)
+            return default
+        return file.get(key)
+
+    heads = get("{arch}.attention.head_count")
+    hidden = get("{arch}.embedding_length")
+    head_dim = get("{arch}.attention.key_length", get("{arch}.rope.dimension_count", None))
+    vocab = get("{arch}.vocab_size", None)
+    if vocab is None:
+        vocab = file.count("tokenizer.ggml.tokens")
+    return {
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": get("{arch}.feed_forward_length"),
+        "num_hidden_layers": get("{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("{arch}.attention.head_count_kv", heads),
+        "head_dim": head_dim if head_dim is not None else hidden // heads,
+        "max_position_embeddings": get("{arch}.context_length"),
+        "rms_norm_eps": get("{arch}.attention.layer_norm_rms_epsilon"),
+        "rope_parameters": {"rope_type": "default",
+                            "rope_theta": get("{arch}.rope.freq_base", 10000.0)},
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in file.tensors,
+        "bos_token_id": get("tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": get("tokenizer.ggml.eos_token_id", None),
+        "pad_token_id": get("tokenizer.ggml.padding_token_id", None),
+    }  # fmt: skip
 
 
 def _gemma4_config(file: GGUFFile) -> dict:

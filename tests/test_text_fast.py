@@ -44,8 +44,11 @@ def same_as_transformers(model_dir, name: str = "m") -> TextCodec:
     for text in TEXTS:
         ids = list(full(text)["input_ids"])
         assert codec.encode_raw(text) == ids, text
-        want = full.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        assert codec.decode(ids) == want, text
+        bare = list(full(text, add_special_tokens=False)["input_ids"])
+        assert codec.encode_raw(text, special=False) == bare, text
+        for skip in (True, False):
+            want = full.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            assert codec.decode(ids, skip_special=skip) == want, (text, skip)
         for messages in conversations(text):
             for think in (False, True):
                 got = codec.encode_chat(messages, think=think)

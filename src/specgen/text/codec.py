@@ -88,16 +88,17 @@ class TextCodec:
         )
         return list(out["input_ids"])
 
-    def encode_raw(self, text: str) -> list[int]:
+    def encode_raw(self, text: str, *, special: bool = True) -> list[int]:
+        """`text`'s ids (`special`: with what the tokenizer adds around it, e.g. a BOS)."""
         if self._fast is not None:
-            return self._fast.encode(text, special=True)
-        return list(self.tokenizer(text)["input_ids"])
+            return self._fast.encode(text, special=special)
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
         if self._fast is not None:
-            return self._fast.decode(ids, skip_special=True)
+            return self._fast.decode(ids, skip_special=skip_special)
         return self.tokenizer.decode(
-            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
         )
 
 

@@ -115,3 +115,22 @@ def test_the_second_run_of_the_default_model_builds_nothing_and_imports_no_trans
     assert not {"transformers", "triton", "huggingface_hub"} & set(imported(second))
     answer = lambda done: done.stdout.strip().splitlines()[:-1]  # noqa: E731
     assert answer(first) == answer(second) and answer(first)
+
+
+def test_the_command_ends_without_teardown_but_not_under_a_profiler(tmp_path):
+    """`specgen` ends with os._exit once its output is flushed (the interpreter's teardown
+    after torch costs half a second); its exit status and output are kept, and under a
+    profiler it ends normally, so that the profile is written."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "specgen", "--version"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("specgen ")
+    bad = subprocess.run([sys.executable, "-m", "specgen", "generate", "hi", "-n", "0"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "--max-new-tokens must be at least 1" in bad.stderr
+    profile = tmp_path / "help.prof"
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgen",
+                    "--help"], capture_output=True, timeout=120, check=True)  # fmt: skip
+    assert profile.stat().st_size > 0

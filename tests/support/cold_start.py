@@ -10,12 +10,15 @@ import sys
 
 HEAVY = ("torch", "transformers", "triton", "huggingface_hub", "rich")
 
-# `python -m specgen ARGS`, then (at exit, whatever the exit status) the heavy modules
-# it imported, as the last line of stdout
+# `python -m specgen ARGS`, then (at exit, whatever the exit status, and however it
+# exits: the CLI ends with os._exit) the heavy modules it imported, as stdout's last line
 _WRAPPER = (
-    "import atexit, runpy, sys\n"
+    "import atexit, os, runpy, sys\n"
     f"heavy = {HEAVY!r}\n"
-    "atexit.register(lambda: print('imported:', [m for m in heavy if m in sys.modules]))\n"
+    "say = lambda: print('imported:', [m for m in heavy if m in sys.modules], flush=True)\n"
+    "atexit.register(say)\n"
+    "real_exit = os._exit\n"
+    "os._exit = lambda code: (say(), real_exit(code))\n"
     "sys.argv = ['specgen', *sys.argv[1:]]\n"
     "runpy.run_module('specgen', run_name='__main__', alter_sys=True)\n"
 )

@@ -4,8 +4,10 @@
 
 Every case runs once to warm the OS cache and specgen's caches (the "second run" a user
 sees after installing), then `--runs` times, the cases interleaved round by round so that
-all see the same machine load; each is reported as its fastest and median wall time, and
-the ratios that the issue's targets name:
+all see the same machine load; each is reported as its fastest and median wall time and
+its least CPU time (user + system of every thread: what the run costs whatever else the
+machine is doing, a thread pool's spinning included), and the ratios the issue's targets
+name:
 
 - `generate`: `specgen generate "Hi" -n 8` on the embedded default model, against
   llama-cpp-python doing the same in one fresh process (import, load the same GGUF with
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import struct
 import subprocess
@@ -87,9 +90,19 @@ class Case:
         self.name, self.argv, self.env, self.expect, self.serve = name, argv, env, expect, serve
         self.repeat = repeat  # False: only the first run counts (a slow baseline's refusals)
         self.times: list[float] = []
+        self.cpu: list[float] = []  # every run's, the warm one first
         self.last = ""
 
     def run(self) -> float:
+        """The wall time of one run; its CPU time (user + system, every thread) goes to
+        `cpu`: what the run costs whatever else the machine runs (a spinning thread pool
+        counts too)."""
+        before = _children_cpu()
+        seconds = self._run()
+        self.cpu.append(_children_cpu() - before)
+        return seconds
+
+    def _run(self) -> float:
         start = time.perf_counter()
         if self.serve:
             return self._serve(start)
@@ -128,6 +141,15 @@ class Case:
 
     def summary(self) -> tuple[float, float]:
         return min(self.times), statistics.median(self.times)
+
+    def cpu_summary(self) -> float:
+        """The least CPU time of the counted runs."""
+        return min(self.cpu[1:] if self.repeat else self.cpu[:1])
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -187,18 +209,23 @@ def main() -> None:
     print(f"cold starts, fresh processes, warm caches, {args.runs} runs each "
           f"(threads {args.threads}, context {args.context}); load average "
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"{'case':34s} {'fastest':>9s} {'median':>9s}   last line (runs: * = one)")
+    print(f"{'case':34s} {'fastest':>9s} {'median':>9s} {'least CPU':>10s}   last line "
+          "(runs: * = one)")  # fmt: skip
     for case in cases:
         fast, med = case.summary()
         mark = "" if case.repeat else " *"
-        print(f"{case.name + mark:34s} {fast:8.2f}s {med:8.2f}s   {case.last}")
+        print(f"{case.name + mark:34s} {fast:8.2f}s {med:8.2f}s {case.cpu_summary():9.2f}s   "
+              f"{case.last}")  # fmt: skip
     by = {c.name: c.summary() for c in cases}
+    by_cpu = {c.name: c.cpu_summary() for c in cases}
     llama = by["llama-cpp-python generate"]
     record = {"runs": args.runs, "threads": args.threads, "context": args.context}
     for label in trees:
         gen = by[f"{label} generate"]
+        cpu = by_cpu[f"{label} generate"] / by_cpu["llama-cpp-python generate"]
         ratios = {
             "generate / llama-cpp-python": (gen[0] / llama[0], gen[1] / llama[1]),
+            "generate / llama-cpp-python, CPU seconds": (cpu, cpu),
             "--help seconds": by[f"{label} --help"],
             "refusal unsupported seconds": by[f"{label} refuse unsupported"],
             "refusal cut seconds": by[f"{label} refuse cut file"],
@@ -210,6 +237,7 @@ def main() -> None:
                                        for k, (a, b) in ratios.items()))  # fmt: skip
         record[label] = {k: list(v) for k, v in ratios.items()}
     record["seconds"] = {c.name: c.times for c in cases}
+    record["cpu_seconds"] = {c.name: c.cpu for c in cases}
     print(json.dumps(record))
 
 

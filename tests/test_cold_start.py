@@ -134,3 +134,48 @@ def test_the_command_ends_without_teardown_but_not_under_a_profiler(tmp_path):
     subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgen",
                     "--help"], capture_output=True, timeout=120, check=True)  # fmt: skip
     assert profile.stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_a_served_chat_answer_needs_no_transformers(tiny_llama):
+    """The server loads as `generate` does, and a plain chat request (its length check,
+    the chat template, the answer's text) runs on the cached tokenizer."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from specgen.text.codec import TextCodec
+    from support.cold_start import _WRAPPER
+
+    TextCodec(tiny_llama, "tiny")  # the first run's cache, as a second run finds it
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    args = ["serve", "--model", str(tiny_llama), "--port", "0", "--device", "cpu"]
+    proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        port = None
+        for line in proc.stdout:
+            if "http://" in line:
+                port = int(line.split("http://")[1].split("/")[0].rsplit(":", 1)[1])
+                break
+        assert port is not None
+        body = {
+            "model": tiny_llama.name,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            assert reply.status == 200 and json.loads(reply.read())["choices"]
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    last = [line for line in rest.splitlines() if line.startswith("imported: ")][-1]
+    assert "'transformers'" not in last and "'torch'" in last, last

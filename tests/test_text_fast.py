@@ -58,6 +58,7 @@ def same_as_transformers(model_dir, name: str = "m") -> TextCodec:
                 )["input_ids"]  # fmt: skip
                 assert got == list(want), (text, think)
     assert full.eos_token_id in codec.stop_ids
+    assert codec.vocab() == full.get_vocab()
     return codec
 
 

@@ -94,6 +94,12 @@ class TextCodec:
             return self._fast.encode(text, special=special)
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
+    def vocab(self) -> dict[str, int]:
+        """Every token (added ones too) -> its id."""
+        if self._fast is not None:
+            return self._fast.backend.get_vocab(with_added_tokens=True)
+        return self.tokenizer.get_vocab()
+
     def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
         if self._fast is not None:
             return self._fast.decode(ids, skip_special=skip_special)

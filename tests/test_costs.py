@@ -4,6 +4,7 @@ by the steps themselves and measured again; `--measure-costs` measures them up f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -94,10 +95,10 @@ def test_measure_costs_measures_again_up_front(tiny_qwen3_deep, tiny_dflash):
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.stderr
     again = runner.invoke(app, args)  # cached: nothing measured
-    assert again.exit_code == 0 and "measuring" not in again.stderr
+    assert again.exit_code == 0 and "measured" not in again.stderr
     forced = runner.invoke(app, [*args, "--measure-costs"])
     assert forced.exit_code == 0, forced.stderr
-    assert "measuring verify costs" in forced.stderr and "drafter's cost" in forced.stderr
+    assert "measured verify costs" in forced.stderr and "drafter's cost" in forced.stderr
     assert json.loads(forced.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
 
 
@@ -109,15 +110,17 @@ def test_what_is_measured_is_said_once_with_short_names(
     notes: list[str] = []
     spec = SpecConfig(method="stacked", drafter=(str(tiny_dflash), str(tiny_dspark)))
     ar.with_spec(spec, notify=notes.append)
-    assert [n for n in notes if n.startswith("measuring")] == [
-        "measuring verify costs and the dflash and dspark drafters' costs once for this "
-        "model and device (cached)"
-    ]
+    (said,) = [n for n in notes if n.startswith("measured")]  # one line, after, with its time
+    assert re.fullmatch(
+        r"measured verify costs and the dflash and dspark drafters' costs once for this "
+        r"model and device in \d+\.\d s \(cached\)",
+        said,
+    ), said
     assert f"loading DFlash drafter {tiny_dflash.name}" in notes  # its directory, not its path
     assert not any(str(tiny_dflash.parent) in n for n in notes)
     notes.clear()
     ar.with_spec(spec, notify=notes.append)
-    assert not any(n.startswith("measuring") for n in notes)  # cached
+    assert not any(n.startswith("measured") for n in notes)  # cached
 
 
 def test_openmp_threads_do_not_spin_long_unless_asked(tmp_path):

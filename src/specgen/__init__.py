@@ -19,12 +19,37 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
-from specgen.api.pipeline import Chunk, Completion, Pipeline
-from specgen.core.config import AR, ModelArgs, SamplingParams, SpecConfig
-from specgen.core.errors import SpecgenError
-from specgen.core.stats import GenStats
-
 __version__ = "0.1.0"
+
+# The public names, imported when first used: `import specgen` (and so every command's
+# `--help`, `specgen models`, an argument error) does not pay for torch and transformers
+# until a name that needs them is asked for.
+_PUBLIC = {
+    "AR": "specgen.core.config",
+    "ModelArgs": "specgen.core.config",
+    "SamplingParams": "specgen.core.config",
+    "SpecConfig": "specgen.core.config",
+    "SpecgenError": "specgen.core.errors",
+    "GenStats": "specgen.core.stats",
+    "Chunk": "specgen.api.pipeline",
+    "Completion": "specgen.api.pipeline",
+    "Pipeline": "specgen.api.pipeline",
+}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value  # once: later lookups find it here
+        return value
+    raise AttributeError(f"module 'specgen' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
+
 
 __all__ = [
     "AR",

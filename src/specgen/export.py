@@ -13,6 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
+from specgen.api.spec import no_drafter
 from specgen.core.errors import SpecgenError
 from specgen.drafting.export_hints import ExportHints, ServeTarget
 from specgen.hub import PACKAGED, packaged_drafter
@@ -39,7 +40,7 @@ def resolve_target(model: str, method: str, drafter: str | None, block: int | No
         raise SpecgenError("export serves a Hugging Face model (repo or directory), not GGUF")
     drafter = drafter or (entry.drafters.get(method) if entry else None)
     if drafter is None:
-        raise SpecgenError(f"no {method} drafter is known for {model}; pass --drafter PATH|REPO")
+        raise SpecgenError(no_drafter(method, model))
     if drafter.startswith(PACKAGED):  # a serving engine needs the directory
         drafter = str(packaged_drafter(drafter))
     hybrid = entry.hybrid if entry else _local_model_type(target) in HYBRID_TYPES

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,6 +124,8 @@ def embedded_gguf(entry: ModelEntry) -> Path | None:
 
 def cached_snapshot(repo: str) -> Path | None:
     """The repo's snapshot in the local HF cache if it has config and weights, else None."""
+    if not (hub_cache() / f"models--{repo.replace('/', '--')}").is_dir():
+        return None  # said without importing huggingface_hub (a second of a cold start)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -132,6 +135,20 @@ def cached_snapshot(repo: str) -> Path | None:
         return None
     complete = (path / "config.json").is_file() and any(path.glob("*.safetensors"))
     return path if complete else None
+
+
+def hub_cache() -> Path:
+    """Where huggingface_hub keeps repos: its own setting once it is imported, else what
+    it would read from the environment (HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, HF_HOME,
+    XDG_CACHE_HOME), as its `constants` module does."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        return Path(constants.HF_HUB_CACHE)
+    expand = lambda p: os.path.expandvars(os.path.expanduser(p))  # noqa: E731
+    base = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    home = expand(os.getenv("HF_HOME", os.path.join(base, "huggingface")))
+    legacy = os.getenv("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+    return Path(expand(os.getenv("HF_HUB_CACHE", legacy)))
 
 
 def download(repo: str, *, alias: str | None = None, pulling: bool = False) -> Path:
@@ -219,6 +236,21 @@ def packaged_drafter(spec: str) -> Path:
             "(reinstall specgen)"
         )
     return path
+
+
+def packaged_drafters(alias: str) -> list[str]:
+    """The drafters shipped with specgen for model `alias` (`specgen:ALIAS-...`), whether
+    or not its registry entry pairs them."""
+    from importlib.resources import files
+
+    root = Path(str(files("specgen") / "assets" / "drafters"))
+    if not root.is_dir():
+        return []
+    return sorted(
+        PACKAGED + p.name
+        for p in root.iterdir()
+        if p.name.startswith(alias.lower() + "-") and (p / "config.json").is_file()
+    )
 
 
 def resolve_drafter(spec: str) -> Path:

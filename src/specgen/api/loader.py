@@ -5,6 +5,7 @@ runs what it is given."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -13,6 +14,7 @@ from specgen.api.spec import load_method
 from specgen.core.config import SpecConfig
 from specgen.core.device import resolve_device, resolve_dtype
 from specgen.core.errors import CheckpointError, OptionError, SpecgenError
+from specgen.core.timings import phase
 from specgen.drafting import DraftMethod
 from specgen.engine.costs import CostWatch, cached_costs
 from specgen.hub import Notify, ResolvedModel, resolve_model
@@ -70,23 +72,38 @@ def load_target(
     capacity in tokens, default min(model limit, `DEFAULT_CONTEXT`). A GGUF target runs
     packed in its own quantization unless `dequantize` (its weights at `dtype` instead);
     `quantize` ("int8", "int4") packs a full-precision target's matrices on load."""
-    resolved = resolve_model(model, notify=notify)
+    with phase("model resolved"):
+        resolved = resolve_model(model, notify=notify)
     dev = resolve_device(device)
-    target = load_weights(
-        resolved,
-        resolve_dtype(dtype, dev),
-        dev,
-        notify=notify,
-        quantize=quantize,
-        dequantize=dequantize,
-    )
+    # the tokenizer loads in a thread beside the weights: reading its file and filling the
+    # matrices both spend time outside Python's lock
+    pool = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenizer")
+    tokenizer = pool.submit(_codec, resolved)
+    try:
+        with phase("weights"):
+            target = load_weights(
+                resolved,
+                resolve_dtype(dtype, dev),
+                dev,
+                notify=notify,
+                quantize=quantize,
+                dequantize=dequantize,
+            )
+        codec = tokenizer.result()
+    finally:
+        pool.shutdown(wait=False)
+    codec.stop_ids |= frozenset(target.args.eos_token_ids)  # the config's, known now
     limit = target.args.max_positions
     if context is not None and not 1 < context <= limit:
         raise SpecgenError(f"--context must be in [2, {limit}] for {resolved.name}")
-    codec = TextCodec(resolved.path, resolved.name, target.args.eos_token_ids)
     context = context or min(limit, DEFAULT_CONTEXT)
     source = resolved.gguf or resolved.path  # a GGUF target: its file (bench's `hf` reads it)
     return Target(target, codec, resolved.name, context, str(source))
+
+
+def _codec(resolved: ResolvedModel) -> TextCodec:
+    with phase("tokenizer"):
+        return TextCodec(resolved.path, resolved.name)
 
 
 def load_weights(
@@ -154,7 +171,8 @@ def load_decoding(
     prices) are used as they are, for the drafters the method mounts, and never watched."""
     if spec.is_ar:
         return Decoding(spec)
-    method = load_method(target.model, spec, target.name, notify)
+    with phase("drafter"):
+        method = load_method(target.model, spec, target.name, notify)
     if costs is not None:
         mounted = replace(costs, drafts={n: costs.drafts[n] for n in method.mounted})
         return Decoding(spec, method, mounted)
@@ -162,6 +180,9 @@ def load_decoding(
         return Decoding(spec, method)
     graphs = spec.cuda_graphs
     key = target.cost_key
-    measured = cached_costs(target.model, key, method, notify, graphs=graphs, fresh=measure_costs)
+    with phase("cost table"):
+        measured = cached_costs(
+            target.model, key, method, notify, graphs=graphs, fresh=measure_costs
+        )
     watch = CostWatch(target.model, key, method, notify, graphs=graphs)
     return Decoding(spec, method, measured, watch)

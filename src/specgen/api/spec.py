@@ -9,8 +9,8 @@ from pathlib import Path
 from specgen.core.config import SpecConfig
 from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.drafting import Checkpoint, DraftMethod, method_of
-from specgen.hub import Notify, resolve_drafter
-from specgen.methods import DRAFTERS, METHODS
+from specgen.hub import Notify, packaged_drafters, resolve_drafter
+from specgen.methods import METHODS, registered
 from specgen.models.transformer import Transformer
 from specgen.registry import MODELS
 
@@ -20,19 +20,22 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     has them (the registry's for `model` when none were given)."""
     if spec.method not in METHODS:
         raise SpecgenError(f"unknown method {spec.method!r}; available: {', '.join(METHODS)}")
+    if spec.is_ar and spec.drafter is None:
+        return spec  # plain decoding: no method package is even imported
+    drafters = registered()  # the registry, complete from here on
     if spec.is_ar and isinstance(spec.drafter, tuple):  # the method mounting as many
-        fits = [m for m, cls in DRAFTERS.items() if cls.mounts(len(spec.drafter))]
+        fits = [m for m, cls in drafters.items() if cls.mounts(len(spec.drafter))]
         if not fits:
             raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
         spec = replace(spec, method=fits[0])
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
         drafter_dir = resolve_drafter(spec.drafter)
         spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
-    elif isinstance(spec.drafter, str) and DRAFTERS[spec.method].variants:
+    elif isinstance(spec.drafter, str) and drafters[spec.method].variants:
         spec = _variant(spec)
     if spec.is_ar:
         return spec
-    cls = DRAFTERS[spec.method]
+    cls = drafters[spec.method]
     if spec.drafter is not None and not cls.mounts(len(_sources(spec))):
         raise SpecgenError(
             f"--method {spec.method} takes {cls.mounts_text()} --drafter, got {len(_sources(spec))}"
@@ -42,10 +45,20 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     entry = MODELS.get(model.lower())
     drafter = None if entry is None else cls.registry_drafter(entry.drafters)
     if drafter is None:
-        raise SpecgenError(
-            f"no {spec.method} drafter is known for {model}; pass --drafter PATH|REPO"
-        )
+        raise SpecgenError(no_drafter(spec.method, model))
     return replace(spec, drafter=drafter)
+
+
+def no_drafter(method: str, model: str) -> str:
+    """What to pass instead: a drafter of this method that ships with specgen for `model`
+    but that its alias does not pair (the default's EAGLE-3), else any."""
+    shipped = [d for d in packaged_drafters(model) if method_of(resolve_drafter(d)) == method]
+    if shipped:
+        return (
+            f"{model} pairs no {method} drafter by default, but specgen ships one: "
+            f"pass --drafter {shipped[0]}"
+        )
+    return f"no {method} drafter is known for {model}; pass --drafter PATH|REPO"
 
 
 def _variant(spec: SpecConfig) -> SpecConfig:
@@ -57,7 +70,7 @@ def _variant(spec: SpecConfig) -> SpecConfig:
         kind = method_of(drafter_dir)
     except SpecgenError:
         return resolved  # left to the method's loader, as `_check_kind` does
-    if kind in DRAFTERS[spec.method].variants:
+    if kind in registered()[spec.method].variants:
         return replace(resolved, method=kind, drafter=str(drafter_dir))
     return resolved
 
@@ -77,9 +90,10 @@ def load_method(
     checkpoints = [
         Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s) for s in _sources(spec)
     ]
-    if DRAFTERS[spec.method].drafters_needed == 1:
+    drafters = registered()
+    if drafters[spec.method].drafters_needed == 1:
         _check_kind(spec.method, checkpoints[0])
-    return DRAFTERS[spec.method].load(
+    return drafters[spec.method].load(
         target, spec, checkpoints, target_name=target_name, notify=notify
     )
 

@@ -23,12 +23,10 @@ from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
 from specgen.cli.terminal import typing_held
 from specgen.core.config import SamplingParams
-from specgen.core.errors import SpecgenError
+from specgen.core.errors import ContextLimitError, SpecgenError
 from specgen.core.stats import GenStats
-from specgen.models.cache.kv import ContextLimitError
 from specgen.terminal import display
 from specgen.terminal.display import plural
-from specgen.terminal.live import answer_view
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
@@ -214,6 +212,8 @@ class ChatRepl:
         if self.answers and not display.stdout_is_tty():
             display.write("\n")  # piped answers: a blank line between them
         self.answers += 1
+        from specgen.terminal.live import answer_view  # Rich: only once there is a view
+
         return answer_view(self.pipe, quiet=self.quiet, show_drafts=self.show_drafts)
 
 

@@ -36,13 +36,20 @@ def user_errors(debug: bool) -> Iterator[None]:
 def quiet_libraries() -> None:
     """transformers/huggingface_hub chatter (advisory warnings) is not for our users. Offline,
     huggingface_hub warns about every retry of a download (11 lines before our one-line
-    error); its errors still reach us as exceptions, so its warnings go."""
+    error); its errors still reach us as exceptions, so its warnings go. Said through
+    their environment variables, which they read when imported, so that a run which never
+    needs transformers never imports it; a library already imported is told directly."""
     import os
+    import sys
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from huggingface_hub.utils import logging as hub_logging
-    from transformers.utils import logging
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
 
-    logging.set_verbosity_error()
-    hub_logging.set_verbosity_error()
+        logging.set_verbosity_error()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()

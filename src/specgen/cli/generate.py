@@ -8,13 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from specgen.api.pipeline import Completion
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, JsonOpt, Run, run_options
 from specgen.core.config import SamplingParams
 from specgen.core.errors import PromptError, SpecgenError
 from specgen.terminal import display
-from specgen.terminal.live import answer_view
 from specgen.text.prompts import PromptLine, read_prompts, read_stdin_prompt
 
 if TYPE_CHECKING:
@@ -154,6 +152,8 @@ class _Answerer:
         stats: GenStats | None = None
         view = None
         if not self.json_out:
+            from specgen.terminal.live import answer_view  # Rich: only once there is a view
+
             view = answer_view(self.pipe, quiet=self.quiet, show_drafts=self.show_drafts)
         try:
             for chunk in self.pipe.stream_ids(
@@ -182,6 +182,8 @@ class _Answerer:
         if stats is None:  # interrupted before the first token
             record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
         else:
+            from specgen.api.pipeline import Completion
+
             record = Completion(prompt, text, tokens, stats).to_dict()
         if turn is not None:
             record = {"turn": turn, **record}

@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_type_hints
 
 import typer
@@ -256,29 +257,44 @@ class Run:
         )  # fmt: skip
 
     def load(self, spec: SpecConfig | None = None) -> Pipeline:
-        """The target (and drafter) these options name, reporting slow one-off work."""
-        from specgen.api.pipeline import Pipeline
+        """The target (and drafter) these options name, reporting slow one-off work (and,
+        with --debug, where the load's time went)."""
+        import time
+
         from specgen.cli.common import quiet_libraries
+        from specgen.core import once, timings
         from specgen.terminal import display
 
+        start = time.perf_counter()
         quiet_libraries()
-        if self.threads is not None:
-            if self.threads < 1:
-                raise SpecgenError(f"--threads must be at least 1 (got {self.threads})")
-            import torch
+        once.listen(None if self.quiet else display.status)  # what a first run builds
+        with timings.recording() as phases:
+            if Path(self.model).expanduser().exists():  # a local file: read (and refused) first
+                from specgen.hub import resolve_model
 
-            torch.set_num_threads(self.threads)
-        pipe = Pipeline.load(
-            self.model,
-            device=self.device,
-            dtype=self.dtype,
-            context=self.context,
-            quantize=self.quantize,
-            dequantize=self.dequantize,
-            spec=spec or self.spec(),
-            notify=None if self.quiet else display.status,
-            measure_costs=self.measure_costs,
-        )
+                with timings.phase("file checked"):
+                    resolve_model(self.model, notify=None if self.quiet else display.status)
+            with timings.phase("imports"):  # torch and the engine: the first thing that needs them
+                from specgen.api.pipeline import Pipeline
+            if self.threads is not None:
+                if self.threads < 1:
+                    raise SpecgenError(f"--threads must be at least 1 (got {self.threads})")
+                import torch
+
+                torch.set_num_threads(self.threads)
+            pipe = Pipeline.load(
+                self.model,
+                device=self.device,
+                dtype=self.dtype,
+                context=self.context,
+                quantize=self.quantize,
+                dequantize=self.dequantize,
+                spec=spec or self.spec(),
+                notify=None if self.quiet else display.status,
+                measure_costs=self.measure_costs,
+            )
+        if self.debug:
+            display.status(timings.report(phases, time.perf_counter() - start))
         if self.think is not None and pipe.method is not None and pipe.thinking is not None:
             if self.think != pipe.thinking:  # said once, when the pipeline is loaded
                 trained = "on" if pipe.thinking else "off"

@@ -110,17 +110,18 @@ def train(
         quiet_libraries()
         import torch
 
-        import specgen.methods  # noqa: F401  (registers every method's training hooks)
         from specgen.api.loader import load_weights
         from specgen.core.device import resolve_device
         from specgen.core.errors import SpecgenError
         from specgen.core.paths import specgen_home
         from specgen.hub import resolve_model
+        from specgen.methods import registered
         from specgen.models.loading import read_config
         from specgen.training.kind import training_of
         from specgen.training.loop import TrainConfig, load_sequences
         from specgen.training.loop import train as run
 
+        registered()  # every method's training hooks
         if not training_of(kind).warm_starts and init != "random":
             raise SpecgenError(f"--kind {kind} starts from random weights only (got --init {init})")
         if init not in ("target", "random") and not (Path(init) / "config.json").is_file():

@@ -25,6 +25,10 @@ class PromptError(SpecgenError):
     """A prompt that cannot be used: empty, not UTF-8, or longer than the context."""
 
 
+class ContextLimitError(PromptError):
+    """A write that would run past the KV cache's capacity (the context limit)."""
+
+
 class OptionError(SpecgenError):
     """An option's value outside its range (the one rule, checked in the library).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -229,25 +230,30 @@ def cached_costs(
         for name, part in method.mounted.items()
     }
     missing = [name for name, costs in drafts.items() if costs is None]
-    if notify and (table is None or missing):  # one line for all of it, naming each part
-        notify(_measuring(table is None, missing, fresh))
+    start = time.perf_counter()
+    verify = table is None
     if table is None:
         table = target_costs(model, key, method.max_draft_tokens, graphs=graphs, fresh=True)
     for name in missing:
         drafts[name] = _measure_draft_costs(model, method.mounted[name], keys[name])
+    if notify and (verify or missing):  # one line for all of it, naming each part
+        notify(_measured(verify, missing, fresh, time.perf_counter() - start))
     return CostTable(table.contexts, table.seconds, drafts)
 
 
-def _measuring(verify: bool, drafters: list[str], fresh: bool) -> str:
-    """The one status line for what is measured, e.g. "measuring verify costs and the
-    dflash and dspark drafters' costs once for this model and device (cached)"."""
+def _measured(verify: bool, drafters: list[str], fresh: bool, seconds: float) -> str:
+    """The one status line for what was measured, e.g. "measured verify costs and the
+    dflash and dspark drafters' costs once for this model and device in 4.2 s (cached)"."""
     parts = ["verify costs"] if verify else []
     if drafters:
         names = " and ".join(drafters)
         parts.append(f"the {names} drafter's cost" if len(drafters) == 1 else
                      f"the {names} drafters' costs")  # fmt: skip
     when = "again" if fresh else "once"
-    return f"measuring {' and '.join(parts)} {when} for this model and device (cached)"
+    return (
+        f"measured {' and '.join(parts)} {when} for this model and device in {seconds:.1f} s "
+        "(cached)"
+    )
 
 
 def target_costs(
@@ -265,11 +271,12 @@ def target_costs(
     ident = _identity(model, key, graphs)
     table = None if fresh else _load_table(_cache_path(ident), max_drafts)
     if table is None:
-        if notify:
-            notify("measuring verify costs once for this model and device (cached)")
+        start = time.perf_counter()
         table = measure_costs(model, max_drafts, graphs=graphs and model.device.type == "cuda")
         record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
         _write_json(_cache_path(ident), record)
+        if notify:
+            notify(_measured(True, [], fresh, time.perf_counter() - start))
     return table
 
 

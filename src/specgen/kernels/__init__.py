@@ -34,3 +34,17 @@ def backend() -> str:
 
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def triton_wanted() -> bool:
+    """Whether this process defines the Triton kernels: Triton is installed and there is
+    something to run them on (a GPU, or Triton's interpreter in the tests). A CPU run never
+    calls them, and importing Triton cost a cold start half a second."""
+    if not triton_available():
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("SPECGEN_KERNELS") == "triton":
+        return True
+    import torch
+
+    return torch.cuda.is_available()

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from specgen.kernels import backend, triton_available
+from specgen.kernels import backend, triton_wanted
 from specgen.kernels.attention import attention
 
 
@@ -104,7 +104,7 @@ def block_attention(
     return block_attention_masked(q, k, v, length, causal, window, scale)
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

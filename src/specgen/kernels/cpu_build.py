@@ -181,7 +181,10 @@ def on_demand(v: Variant, cc: str) -> ctypes.CDLL:
     """`v` compiled here (once: cached_path)."""
     out = cached_path(v, cc)
     if not out.is_file():
-        compile_variant(v, out, cc)
+        from specgen.core.once import building  # here: setup.py loads this file alone
+
+        with building(f"the CPU kernels ({out.name})", out.parent):  # said once, timed
+            compile_variant(v, out, cc)
     return ctypes.CDLL(str(out))
 
 

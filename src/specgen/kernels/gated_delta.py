@@ -26,7 +26,7 @@ import importlib.util
 
 import torch
 
-from specgen.kernels import backend, triton_available
+from specgen.kernels import backend, triton_wanted
 
 
 def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -210,7 +210,7 @@ def gated_delta_chunked(q, k, v, g, beta, state) -> tuple[torch.Tensor, torch.Te
     )
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import triton_available
+from specgen.kernels import triton_wanted
 
 
 def markov_greedy_torch(
@@ -69,7 +69,7 @@ def markov_greedy_torch(
     return torch.cat(tokens), confidence, torch.cat(probs)
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

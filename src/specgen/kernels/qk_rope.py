@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.kernels import backend, triton_available
+from specgen.kernels import backend, triton_wanted
 from specgen.kernels.rmsnorm import rms_norm
 
 
@@ -52,7 +52,7 @@ def qk_norm_rope(qk, nq, q_weight, k_weight, cos, sin, eps) -> torch.Tensor:
     return qk_norm_rope_torch(qk, nq, q_weight, k_weight, cos, sin, eps)
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import backend, triton_available
+from specgen.kernels import backend, triton_wanted
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,7 +56,7 @@ def add_rms_norm(
     return rms_norm_torch(x, weight, eps, residual)
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.kernels import backend, triton_available
+from specgen.kernels import backend, triton_wanted
 
 
 def verify_torch(
@@ -80,7 +80,7 @@ def verify(
     return verify_torch(logits, draft_tokens, draft_probs, uniform, noise, temperature)
 
 
-if triton_available():
+if triton_wanted():
     import triton
     import triton.language as tl
 

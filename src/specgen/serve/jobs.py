@@ -168,22 +168,22 @@ def _refuse_certainly_too_long(pipe: Pipeline, req: GenRequest, param: str) -> N
         text = req.prompt
     else:
         text = "\n".join(str(m.get("content") or "") for m in req.prompt)  # type: ignore[union-attr]
-    tokenizer = getattr(getattr(pipe, "codec", None), "tokenizer", None)
-    if tokenizer is None:  # a stand-in pipeline (tests): nothing to measure with
+    codec = getattr(pipe, "codec", None)
+    if codec is None:  # a stand-in pipeline (tests): nothing to measure with
         return
-    longest = _LONGEST.get(id(tokenizer))
+    longest = _LONGEST.get(id(codec))
     if longest is None:
-        longest = _LONGEST[id(tokenizer)] = limits.longest_token_chars(tokenizer)
+        longest = _LONGEST[id(codec)] = limits.longest_token_chars(codec)
 
     def count(sample: str) -> int:
-        return len(tokenizer(sample, add_special_tokens=False)["input_ids"])
+        return len(codec.encode_raw(sample, special=False))
 
     tokens = limits.certainly_too_long(text, pipe.context, longest, count)
     if tokens is not None:
         raise context_exceeded(tokens, pipe.context, param, at_least=True)
 
 
-_LONGEST: dict[int, int] = {}  # tokenizer -> its longest token in characters
+_LONGEST: dict[int, int] = {}  # codec -> its longest token in characters
 
 
 def context_exceeded(

@@ -120,12 +120,12 @@ SAMPLE_PER_TOKEN = 8  # characters sampled per token of context: most text is ~4
 MARGIN = 64  # tokens a cut word may add to a sample's count
 
 
-def longest_token_chars(tokenizer: Any) -> int:
+def longest_token_chars(codec: Any) -> int:
     """An upper bound on the characters one token decodes to (n characters are then at
     least n / this many tokens): the longest vocabulary entry. Byte-level entries spell
     one character per byte, so they never undercount."""
     try:
-        return max(1, max(len(piece) for piece in tokenizer.get_vocab()))
+        return max(1, max(len(piece) for piece in codec.vocab()))
     except Exception:  # a tokenizer without a vocabulary: no bound from it
         return 1 << 30
 

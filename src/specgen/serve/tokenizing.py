@@ -58,11 +58,7 @@ def add_routes(app: FastAPI, pipe: Callable[[], Pipeline], service: Any) -> None
         bad = [t for t in tokens if not 0 <= t < vocab]
         if bad:
             raise invalid(f"tokens: token id {bad[0]} is not in [0, {vocab})", "tokens")
-        text = await off_loop(
-            lambda: target.codec.tokenizer.decode(
-                tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-        )
+        text = await off_loop(lambda: target.codec.decode(tokens, skip_special=False))
         return {"prompt": text}
 
     @app.get("/tokenizer_info")
@@ -95,4 +91,4 @@ def _tokenize(pipe: Pipeline, body: dict) -> list[int]:
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise invalid("prompt must be a string (or give messages)", "prompt", "invalid_type")
-    return list(pipe.codec.tokenizer(prompt, add_special_tokens=special)["input_ids"])
+    return pipe.codec.encode_raw(prompt, special=special)

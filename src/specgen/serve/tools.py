@@ -253,9 +253,7 @@ def special_text(codec: TextCodec):
 
     class _Keeping:
         def decode(self, ids: list[int]) -> str:
-            return codec.tokenizer.decode(
-                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
+            return codec.decode(ids, skip_special=False)
 
     detok = Detokenizer(_Keeping())  # type: ignore[arg-type]
 

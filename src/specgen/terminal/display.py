@@ -9,6 +9,7 @@ tested without a terminal.
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import json
 import sys
@@ -16,15 +17,21 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
 from specgen.core.stats import GenStats
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from specgen.methods.dspark.calibration import CalibrationFit
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+@functools.cache
+def _err():
+    """Rich's stderr console, made on first use: Rich costs a tenth of a second to import,
+    which `--help` and argument errors need not pay."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def stdout_is_tty() -> bool:
@@ -43,17 +50,17 @@ def write_json(obj: dict[str, Any]) -> None:
 
 
 def status(message: str) -> None:
-    _err.print(f"[dim]{_escape(message)}[/dim]")
+    _err().print(f"[dim]{_escape(message)}[/dim]")
 
 
 def error(message: str) -> None:
     # One line, always: callers pass messages without newlines, and we make sure of it.
     line = " ".join(message.split())
-    _err.print(f"[bold red]error:[/bold red] {_escape(line)}")
+    _err().print(f"[bold red]error:[/bold red] {_escape(line)}")
 
 
 def note(message: str) -> None:
-    _err.print(f"[yellow]{_escape(message)}[/yellow]")
+    _err().print(f"[yellow]{_escape(message)}[/yellow]")
 
 
 def plural(n: int, word: str) -> str:
@@ -90,11 +97,13 @@ def drafter_shares(stats: GenStats) -> list[str]:
 
 
 def show_stats(stats: GenStats) -> None:
-    _err.print(f"[dim]{_escape(stats_line(stats))}[/dim]")
+    _err().print(f"[dim]{_escape(stats_line(stats))}[/dim]")
 
 
 def models_table(rows: Iterable[dict[str, Any]]) -> Table:
     """`specgen models`: thinking is the chat mode the drafters were trained with."""
+    from rich.table import Table
+
     table = Table(title="specgen models", title_justify="left")
     for column in ("alias", "repo", "drafters", "thinking", "status"):
         table.add_column(column)
@@ -108,6 +117,8 @@ def models_table(rows: Iterable[dict[str, Any]]) -> Table:
 
 def calibration_table(fit: CalibrationFit) -> Table:
     """Per draft position: samples, fitted temperature, ECE of survival before and after."""
+    from rich.table import Table
+
     table = Table(title="confidence calibration (ECE of survival a_j)", title_justify="left")
     for column in ("position", "drafts", "temperature", "ECE before", "ECE after"):
         table.add_column(column, justify="right")
@@ -127,7 +138,7 @@ def progress(total: int, label: str, *, disable: bool = False) -> Iterator[Calla
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=_err,
+        console=_err(),
         transient=True,
         disable=disable,
     )
@@ -145,6 +156,8 @@ def show(renderable: Any, *, err: bool = False) -> None:
     terminal; piped, `plain` text."""
     stream = sys.stderr if err else sys.stdout
     if stream.isatty():
+        from rich.console import Console
+
         Console(highlight=False, stderr=err).print(renderable)
     else:
         stream.write(plain(renderable))
@@ -155,6 +168,9 @@ def plain(renderable: Any) -> str:
     """`renderable` as plain text for pipes and files: no colour, a table without box
     drawing, at its natural width. Rich would otherwise fit it to 80 columns (what it
     assumes without a terminal) and cut the numbers down to `1.00…`."""
+    from rich.console import Console
+    from rich.table import Table
+
     title = None
     if isinstance(renderable, Table):
         renderable = copy.copy(renderable)  # the caller's table keeps its look

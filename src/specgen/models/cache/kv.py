@@ -19,11 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specgen.core.errors import PromptError
-
-
-class ContextLimitError(PromptError):
-    """A write that would run past the cache capacity (the context limit)."""
+from specgen.core.errors import ContextLimitError
 
 
 class StaticKVCache:

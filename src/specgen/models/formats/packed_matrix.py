@@ -53,7 +53,7 @@ class PackedMatrix(nn.Module):
             raise ValueError(
                 f"packed {kind} matrix: bad shapes q {tuple(q.shape)}, scale {tuple(scale.shape)}"
             )
-        scale, mins = _compact(scale.float(), None if mins is None else mins.float())
+        scale, mins = _compact(scale, mins)
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scale", scale.contiguous())
         self.register_buffer("mins", None if mins is None else mins.contiguous())
@@ -133,10 +133,13 @@ class PackedMatrix(nn.Module):
     @staticmethod
     def stack(parts: list[PackedMatrix]) -> PackedMatrix:
         first = parts[0]
-        mins = None if first.mins is None else torch.cat([p.mins.float() for p in parts])
+        # one dtype for all (fp16 where every part kept fp16, which then needs no check)
+        half = all(p.scale.dtype == torch.float16 for p in parts)
+        like = (lambda t: t) if half else (lambda t: t.float())  # noqa: E731
+        mins = None if first.mins is None else torch.cat([like(p.mins) for p in parts])
         return PackedMatrix(
             torch.cat([p.q for p in parts]),
-            torch.cat([p.scale.float() for p in parts]),
+            torch.cat([like(p.scale) for p in parts]),
             mins,
             bits=first.bits,
             group=first.group,
@@ -157,7 +160,11 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def _compact(
     scale: torch.Tensor, mins: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scales and minimums as fp16 when every one of them is exactly an fp16 value."""
+    """Scales and minimums as fp16 when every one of them is exactly an fp16 value (given
+    as fp16 already, as a GGUF block stores them, they are kept without a check), else fp32."""
+    if scale.dtype == torch.float16 and (mins is None or mins.dtype == torch.float16):
+        return scale, mins
+    scale, mins = scale.float(), None if mins is None else mins.float()
     exact = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
     if exact(scale) and exact(mins):
         return scale.half(), None if mins is None else mins.half()

@@ -28,7 +28,13 @@ QK_K = 256
 
 
 def _f16(b: np.ndarray) -> np.ndarray:  # [..., 2] uint8 -> [...] float32
-    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+    return _halves(b).astype(np.float32)
+
+
+def _halves(b: np.ndarray) -> np.ndarray:  # [..., 2] uint8 -> [...] float16, as stored
+    """A block's fp16 field as it is: where the format uses it unchanged (a scale, a
+    minimum), `PackedMatrix` keeps it so without converting it twice."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0]
 
 
 def _nibbles_to_q4(v: np.ndarray) -> np.ndarray:  # [N, blocks, 32] values 0..15 -> [N, K/2]
@@ -55,12 +61,12 @@ def _q4_0(b, n, k):
 
 def _q4_1(b, n, k):
     b = b.reshape(n, k // 32, 20)
-    return b[..., 4:].reshape(n, k // 2), _f16(b[..., 0:2]), _f16(b[..., 2:4]), 4, 32
+    return b[..., 4:].reshape(n, k // 2), _halves(b[..., 0:2]), _halves(b[..., 2:4]), 4, 32
 
 
 def _q8_0(b, n, k):
     b = b.reshape(n, k // 32, 34)
-    return b[..., 2:].view(np.int8).reshape(n, k), _f16(b[..., 0:2]), None, 8, 32
+    return b[..., 2:].view(np.int8).reshape(n, k), _halves(b[..., 0:2]), None, 8, 32
 
 
 def _q5_high(qh: np.ndarray) -> np.ndarray:  # [N, B, 4] -> [N, B, 32] fifth bits
@@ -75,13 +81,13 @@ def _q5_low(qs: np.ndarray) -> np.ndarray:  # [N, B, 16] -> [N, B, 32] low nibbl
 def _q5_0(b, n, k):
     b = b.reshape(n, k // 32, 22)
     q = _q5_low(b[..., 6:]) | (_q5_high(b[..., 2:6]) << 4)
-    return (q.astype(np.int8) - 16).reshape(n, k), _f16(b[..., 0:2]), None, 8, 32
+    return (q.astype(np.int8) - 16).reshape(n, k), _halves(b[..., 0:2]), None, 8, 32
 
 
 def _q5_1(b, n, k):
     b = b.reshape(n, k // 32, 24)
     q = _q5_low(b[..., 8:]) | (_q5_high(b[..., 4:8]) << 4)
-    return q.astype(np.int8).reshape(n, k), _f16(b[..., 0:2]), _f16(b[..., 2:4]), 8, 32
+    return q.astype(np.int8).reshape(n, k), _halves(b[..., 0:2]), _halves(b[..., 2:4]), 8, 32
 
 
 def _k_quant_4_5(b, n, k, with_high: bool):

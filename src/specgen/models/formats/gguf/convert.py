@@ -2,7 +2,10 @@
 `--dequantize` their weights too.
 
 A GGUF target normally runs packed, straight from the file (models/formats/gguf/index.py): only its
-config and tokenizer are converted, once, into `$SPECGEN_HOME/gguf/<name>-<key>/`.
+config and tokenizer are converted, once, into `$SPECGEN_HOME/gguf/<name>-<key>/` (the
+first run announces it with its duration: core/once.py). The file's header is read first
+(models/formats/gguf/reader.py), so a broken file or one of an architecture specgen does
+not run is refused before any conversion starts.
 `--dequantize` adds an fp32 `model.safetensors` to that directory (through transformers'
 GGUF reader, tens of seconds even for a 135M model, so it is cached too). The key covers
 the file's path, size and modification time, so a replaced file is converted again. Each
@@ -21,12 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specgen.core.errors import CheckpointError
+from specgen.core.once import building
 from specgen.core.paths import specgen_home
-
-# `general.architecture`s whose config specgen reads from the file itself: transformers
-# 5.25 rebuilds a Gemma 4 config from a GGUF with the defaults of another model (head dim
-# 256, per-layer embeddings, its own layer pattern); Qwen3.5's it rebuilds whole
-OWN_CONFIGS = ("gemma4",)
+from specgen.models.formats.gguf.config import own_config
+from specgen.models.formats.gguf.names import open_gguf
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -43,10 +44,12 @@ def ensure_converted(
     its dequantized fp32 weights)."""
     out = converted_dir(gguf_path)
     if not (out / "config.json").is_file():
+        file = open_gguf(gguf_path, str(gguf_path))  # refused here if it is not one we run
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
         try:
-            _convert_config(gguf_path, tmp)
+            with building(f"{gguf_path.name}'s config and tokenizer", out.parent):
+                _convert_config(gguf_path, file, tmp)
             try:
                 tmp.rename(out)
             except OSError:  # another process finished the same conversion first
@@ -77,10 +80,10 @@ def _config(gguf_path: Path):
         raise CheckpointError(f"{gguf_path}: not a readable GGUF model ({e})") from None
 
 
-def _convert_config(gguf_path: Path, out: Path) -> None:
+def _convert_config(gguf_path: Path, file, out: Path) -> None:
     from transformers import AutoTokenizer
 
-    own = _own_config(gguf_path)
+    own = own_config(file)
     if own is not None:
         (out / "config.json").write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     else:
@@ -109,94 +112,3 @@ def _convert_weights(gguf_path: Path, out_file: Path) -> None:
         raise CheckpointError(f"{gguf_path}: cannot dequantise GGUF tensors ({e})") from None
     tensors = {k: v.float().contiguous() for k, v in parsed["tensors"].items()}
     save_file(tensors, str(out_file), metadata={"format": "pt"})
-
-
-def _own_config(gguf_path: Path) -> dict | None:
-    """A config.json for the architectures of OWN_CONFIGS, from the GGUF's key/values as
-    llama.cpp's converter writes them (`Gemma3Model`/`Gemma4Model.set_gguf_parameters`)."""
-    from specgen.models.formats.gguf.index import open_gguf
-
-    reader = open_gguf(gguf_path, str(gguf_path))
-    field = reader.get_field("general.architecture")
-    if field is None or str(field.contents()) not in OWN_CONFIGS:
-        return None
-    try:
-        return _gemma4_config(reader)
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
-        raise CheckpointError(
-            f"{gguf_path}: not a readable Gemma 4 GGUF (metadata: {type(e).__name__}: {e})"
-        ) from None
-
-
-def _gemma4_config(reader) -> dict:
-    def get(key: str, default=KeyError):
-        field = reader.get_field(key.format(arch="gemma4") if "{" in key else key)
-        if field is None:
-            if default is KeyError:
-                raise KeyError(key.format(arch="gemma4"))
-            return default
-        return field.contents()
-
-    import gguf
-
-    k = gguf.Keys
-    layers = int(get(k.LLM.BLOCK_COUNT))
-    sliding = [bool(x) for x in get(k.Attention.SLIDING_WINDOW_PATTERN)]
-    types = ["sliding_attention" if s else "full_attention" for s in sliding]
-    per_layer = lambda v: list(v) if isinstance(v, list) else [v] * layers  # noqa: E731
-    kv = per_layer(get(k.Attention.HEAD_COUNT_KV))
-    widths = per_layer(get(k.LLM.FEED_FORWARD_LENGTH))
-    head_dim, global_dim = get(k.Attention.KEY_LENGTH_SWA), get(k.Attention.KEY_LENGTH)
-    tensors = {t.name: t for t in reader.tensors}
-    first_full = types.index("full_attention") if "full_attention" in types else None
-    first_sliding = types.index("sliding_attention") if "sliding_attention" in types else 0
-    # a global layer without attn_v takes its values from the keys (attention_k_eq_v)
-    k_eq_v = first_full is not None and f"blk.{first_full}.attn_v.weight" not in tensors
-    partial = 0.25  # the share of a global head that turns: rope_freqs' entries of 1.0
-    if "rope_freqs.weight" in tensors:
-        freqs = tensors["rope_freqs.weight"].data
-        partial = 2 * int((freqs == 1.0).sum()) / global_dim
-    config = {
-        "model_type": "gemma4_text",
-        "architectures": ["Gemma4ForCausalLM"],
-        "vocab_size": len(get(k.Tokenizer.LIST)),
-        "hidden_size": get(k.LLM.EMBEDDING_LENGTH),
-        "intermediate_size": widths[0],
-        "use_double_wide_mlp": len(set(widths)) > 1,
-        "num_hidden_layers": layers,
-        "num_attention_heads": get(k.Attention.HEAD_COUNT),
-        "num_key_value_heads": kv[first_sliding],
-        "head_dim": head_dim,
-        "global_head_dim": global_dim,
-        "attention_k_eq_v": k_eq_v,
-        "layer_types": types,
-        "sliding_window": get(k.Attention.SLIDING_WINDOW),
-        "num_kv_shared_layers": get(k.Attention.SHARED_KV_LAYERS, 0),
-        "hidden_size_per_layer_input": get(k.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
-        "rms_norm_eps": get(k.Attention.LAYERNORM_RMS_EPS),
-        "max_position_embeddings": get(k.LLM.CONTEXT_LENGTH),
-        "final_logit_softcapping": get(k.LLM.FINAL_LOGIT_SOFTCAPPING, None),
-        "hidden_activation": "gelu_pytorch_tanh",  # the file does not say; Gemma 4's
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": get(k.Rope.FREQ_BASE_SWA)},
-            "full_attention": {
-                "rope_type": "proportional",
-                "partial_rotary_factor": partial,
-                "rope_theta": get(k.Rope.FREQ_BASE),
-            },
-        },
-        "tie_word_embeddings": "output.weight" not in tensors,
-        "eos_token_id": get(k.Tokenizer.EOS_ID, None),
-        "bos_token_id": get(k.Tokenizer.BOS_ID, None),
-        "pad_token_id": get(k.Tokenizer.PAD_ID, None),
-    }
-    if first_full is not None and kv[first_full] != kv[first_sliding]:
-        if k_eq_v:
-            config["num_global_key_value_heads"] = kv[first_full]
-        else:  # as transformers 5 writes per-layer shapes
-            config["per_layer_config"] = {
-                str(i): {"head_dim": global_dim, "num_key_value_heads": kv[i]}
-                for i, t in enumerate(types)
-                if t == "full_attention"
-            }
-    return config

@@ -43,19 +43,6 @@ FINISHED = ("qwen35",)
 # them to safetensors), so `--dequantize` dequantizes what it loaded
 OWN_LAYOUTS = ("qwen35", "gemma4")
 
-# HF key endings the gguf name map gives -> the ones the load plans use
-RENAMES = {
-    "qwen35": (("linear_attn.dt_proj.bias", "linear_attn.dt_bias"),),
-    "gemma4": (("layer_scalar.weight", "layer_scalar"),),
-}
-
-
-def plan_key(arch: str, key: str) -> str:
-    for ending, plan in RENAMES.get(arch, ()):
-        if key.endswith(ending):
-            return key[: -len(ending)] + plan
-    return key
-
 
 def undo(arch: str, key: str, t: Tensor, args: ModelArgs) -> Tensor:
     """`t` (the file's tensor for plan key `key`) as the load plan wants it. A tensor of

@@ -166,7 +166,7 @@ def _run_one(
     fresh: _FreshSessions,
 ) -> PromptRun:
     times, ttfts, first = [], [], None
-    for _ in range(repeats):
+    for repeat in range(repeats):
         if pipe.model.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipe.model.device)
         tokens: list[int] = []
@@ -175,9 +175,12 @@ def _run_one(
         if isinstance(pipe, TransformersBaseline):
             tokens, stats = pipe.run(ids, max_new_tokens, sampling)
         else:
+            # every repeat drafts from what the earlier prompts left (suffix's store):
+            # only the last one leaves its answer there
             chunks = pipe.stream_ids(
-                ids, sampling=sampling, max_new_tokens=max_new_tokens, session=fresh(pipe)
-            )
+                ids, sampling=sampling, max_new_tokens=max_new_tokens, session=fresh(pipe),
+                remember=repeat == repeats - 1,
+            )  # fmt: skip
             for chunk in chunks:
                 tokens.extend(chunk.token_ids)
                 text.append(chunk.text)

@@ -25,6 +25,7 @@ class PromptLine:
     category: str | None  # a .jsonl line's `category`
     number: int  # its line in the file
     error: str | None = None  # why the line is unusable (read with `keep_bad` only)
+    turns: tuple[str, ...] = ()  # a .jsonl line's `turns` (a conversation's user turns)
 
 
 def read_prompts(
@@ -91,7 +92,12 @@ def _parse_line(
         expected = repr(field) if field else "'prompt' or 'turns'"
         raise PromptError(f"{label}: line {number} has no prompt text (expected {expected})")
     category = row.get("category")
-    return PromptLine(text, None if category is None else str(category), number)
+    turns = row.get("turns") if field is None else None
+    if isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns):
+        later = tuple(turns)
+    else:
+        later = (text,)
+    return PromptLine(text, None if category is None else str(category), number, turns=later)
 
 
 def prompt_text(row: dict, field: str | None = None) -> str | None:

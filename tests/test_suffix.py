@@ -110,7 +110,7 @@ def test_the_request_search_equals_a_suffix_tree_by_brute_force():
 
 def test_the_store_equals_a_suffix_tree_of_the_answers_it_kept():
     rng = random.Random(2)
-    store = SuffixStore(2**20, open_tokens=300)
+    store = SuffixStore(2**19, open_tokens=300)
     answers = [[rng.randrange(40) for _ in range(rng.randrange(4, 40))] for _ in range(300)]
     for answer in answers:
         store.add(answer)

@@ -28,7 +28,7 @@ import numpy as np
 
 SEPARATOR = -1  # ends a sequence: no match or continuation crosses it
 MAX_MATCH = 64  # tokens compared backwards from an occurrence (longer: counted as this)
-MAX_ROWS = 64  # occurrences a source hands over (the best matches, newest of those)
+MAX_ROWS = 32  # occurrences a source hands over (the best matches, newest of those)
 NGRAM = 3  # tokens an occurrence must agree on before it is looked at, where any does
 
 
@@ -127,50 +127,50 @@ def propose(rows: Rows, max_tokens: int, *, factor: float = 1.0, min_prob: float
     if not len(rows) or max_tokens <= 0:
         return NOTHING
     best = NOTHING
-    for m in sorted(set(rows.match.tolist()), reverse=True):
+    # plain lists: a few dozen short rows are walked faster than numpy calls cost
+    matches = rows.match.tolist()
+    follows = rows.follow[:, :max_tokens].tolist()
+    for m in sorted(set(matches), reverse=True):
         if m <= 0:
             break
         cap = min(max_tokens, int(m * factor + 1e-6))
         if cap <= best.score:  # a score is at most its length: no shorter match can win
             break
-        tokens, probs = _walk(rows.follow[rows.match >= m], cap, min_prob)
+        level = [f for f, n in zip(follows, matches, strict=True) if n >= m]
+        tokens, probs = _walk(level, cap, min_prob)
         if tokens and sum(probs) > best.score:
             best = Proposal(tokens, probs, m)
     return best
 
 
-def _walk(follow: np.ndarray, cap: int, min_prob: float) -> tuple[list[int], list[float]]:
-    """From the node whose occurrences' continuations are `follow` (newest last), the
-    path of most frequent next tokens (the newest occurrence's on a tie)."""
+def _walk(rows: list[list[int]], cap: int, min_prob: float) -> tuple[list[int], list[float]]:
+    """From the node whose occurrences' continuations are `rows` (newest last), the path
+    of most frequent next tokens (the newest occurrence's on a tie)."""
     tokens: list[int] = []
     probs: list[float] = []
-    prob, rows, depth = 1.0, follow, 0
-    cap = min(cap, follow.shape[1])
-    while depth < cap:
-        # a stretch every occurrence agrees on (one occurrence: all of it) costs one pass
-        ahead = rows[:, depth:cap]
-        agree = (ahead == ahead[-1][None, :]).all(axis=0) & (ahead[-1] != SEPARATOR)
-        run = len(agree) if agree.all() else int(np.argmin(agree))
-        if run:
-            tokens.extend(int(t) for t in ahead[-1, :run])
-            probs.extend([prob] * run)
-            depth += run
-            continue
-        column = rows[:, depth]
-        live = column[column != SEPARATOR]
-        if len(live) == 0:
+    prob = 1.0
+    for depth in range(min(cap, len(rows[0]))):
+        if len(rows) == 1:  # one occurrence: what followed it, to its end
+            for token in rows[0][depth:cap]:
+                if token == SEPARATOR:
+                    break
+                tokens.append(token)
+                probs.append(prob)
             break
-        values, counts = np.unique(live, return_counts=True)
-        top = int(counts.max())
-        tied = values[counts == top]
-        token = int(tied[0])
-        if len(tied) > 1:  # the newest occurrence's token among the most frequent
-            token = int(next(t for t in column[::-1] if t in set(tied.tolist())))
+        column = [r[depth] for r in rows]
+        counts: dict[int, int] = {}
+        for token in column:
+            if token != SEPARATOR:
+                counts[token] = counts.get(token, 0) + 1
+        if not counts:
+            break
+        top = max(counts.values())
+        token = next(t for t in reversed(column) if counts.get(t) == top)  # newest on a tie
         prob *= top / len(column)  # occurrences that end here count at this node
         if prob < min_prob:
             break
         tokens.append(token)
         probs.append(prob)
-        rows = rows[column == token]
-        depth += 1
+        if top < len(column):
+            rows = [r for r in rows if r[depth] == token]
     return tokens, probs

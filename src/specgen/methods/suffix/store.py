@@ -3,11 +3,11 @@
 Answers go one after another into an open segment (a flat token buffer, searched by
 comparing every token: it is small); a full one is sealed into a compact index of its
 trigrams (sorted keys, where each starts, and their end positions: about 20 bytes a token
-against ~100 for a dict of lists) and searched by binary search. Sealed neighbours of equal
-size merge (as a binary counter does), up to an eighth of the budget, so a lookup visits
-about log2(answers) segments. When the segments together pass the budget, the oldest is
-dropped: the earliest answers are forgotten first, an eighth of the budget at most at a
-time. `nbytes` is the store's memory as its arrays hold it (tests hold it to tracemalloc).
+against ~100 for a dict of lists) and searched by binary search. The newest sealed segment
+absorbs each one sealed after it until it holds an eighth of the budget (re-sorting it
+then costs a few milliseconds per answer, amortized), so a lookup visits at most nine
+segments and the open one. When the segments together pass the budget, the oldest is
+dropped: the earliest answers are forgotten first, an eighth of the budget at a time. `nbytes` is the store's memory as its arrays hold it (tests hold it to tracemalloc).
 
 Matches from the store start at `NGRAM` tokens: a one- or two-token match among thousands
 of earlier answers says little about what comes next.
@@ -65,9 +65,9 @@ class Sealed:
     def nbytes(self) -> int:
         return self.tokens.nbytes + self.keys.nbytes + self.starts.nbytes + self.ends.nbytes
 
-    def lookup(self, tail: np.ndarray) -> np.ndarray:
-        """End positions of the trigram `tail` ends with (increasing), deepened."""
-        key = _trigram_keys(tail[2::-1].astype(np.int32), np.array([2]))[0]
+    def lookup(self, key: int, tail: np.ndarray) -> np.ndarray:
+        """End positions of the trigram `key` (`tail`'s last three tokens), increasing,
+        deepened."""
         i = int(np.searchsorted(self.keys, key))
         if i == len(self.keys) or self.keys[i] != key:
             return np.zeros(0, dtype=np.int64)
@@ -125,7 +125,12 @@ class SuffixStore:
         """Rows (see matching.py) from every segment, oldest first, the best `MAX_ROWS`."""
         if self.max_bytes == 0 or len(tail) < NGRAM:
             return Rows.empty(length)
-        parts = [rows_at(s.tokens, s.lookup(tail), tail, length) for s in self.sealed]
+        key = int(_trigram_keys(tail[2::-1], np.array([2]))[0])
+        parts = []
+        for segment in self.sealed:
+            ends = segment.lookup(key, tail)
+            if len(ends):
+                parts.append(rows_at(segment.tokens, ends, tail, length))
         ends = find(self._buffer, self._size, tail)
         if len(ends) and _agrees(self._buffer, ends[-1], tail, NGRAM):
             parts.append(rows_at(self._buffer, ends, tail, length))
@@ -141,11 +146,9 @@ class SuffixStore:
         self.sealed.append(Sealed.of(self._buffer[: self._size].copy(), self._open_answers))
         self._buffer[:] = SEPARATOR
         self._size = self._open_answers = 0
-        while len(self.sealed) >= 2:  # merge equals, like a binary counter's carries
+        while len(self.sealed) >= 2:  # the newest grows up to an eighth of the budget
             older, newer = self.sealed[-2], self.sealed[-1]
-            if len(older.tokens) > len(newer.tokens) or older.nbytes + newer.nbytes > (
-                self.max_bytes // 8
-            ):
+            if older.nbytes + newer.nbytes > self.max_bytes // 8:
                 break
             merged = np.concatenate([older.tokens, newer.tokens])
             self.sealed[-2:] = [Sealed.of(merged, older.answers + newer.answers)]

@@ -18,6 +18,7 @@ from support.cli import FAST, assert_one_line_error, run
 from support.statistics import chi_square_pvalue, exact_token_distribution
 from support.targets import TINY_VOCAB
 
+GREEDY = SamplingParams()
 REPEATS = "one two three four five, one two three four five, one two three"
 
 
@@ -58,10 +59,10 @@ def test_a_copy_drafter_is_offered_only_where_it_has_a_draft(ar, tiny_dflash):
     drafter = pipe.new_session().drafter
     hidden = pipe.model.args.hidden_size
     drafter.observe([5, 6, 7, 8, 9, 5, 6], {i: torch.zeros(1, 7, hidden) for i in drafter.taps})
-    offered = drafter.options_at(7)  # "5 6 7" occurred: suffix drafts "8 9 5 6"
+    offered = drafter.options_at(7, GREEDY)  # "5 6 7" occurred: suffix drafts "8 9 5 6"
     assert [o.source for o in offered] == ["suffix", "dflash"]
     assert offered[0].bucket >= FREE_BUCKETS and offered[1].bucket == 1
-    assert [o.source for o in drafter.options_at(42)] == ["dflash"]  # no match: not offered
+    assert [o.source for o in drafter.options_at(42, GREEDY)] == ["dflash"]  # no match
 
 
 def test_where_the_text_repeats_the_free_draft_wins(ar, tiny_dflash):

@@ -152,6 +152,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def seeded(self) -> bool:
+        """A sampled answer with a seed: it depends on its conversation and seed alone, so
+        nothing learnt from earlier answers may steer its drafts (they decide which of the
+        generator's draws fall on which token)."""
+        return self.seed is not None and not self.greedy
+
+    @property
     def penalised(self) -> bool:
         """Whether any penalty changes the logits."""
         return bool(

@@ -84,9 +84,10 @@ class Drafter(Protocol):
         None when no sampling is wanted) and returns the distributions it drew from."""
         ...
 
-    def options_at(self, anchor: int) -> tuple[DraftOption, ...]:
-        """The options for a draft after `anchor` (on the host): `options`, unless what it
-        can draft there is known for free before drafting (stacked over a copy drafter)."""
+    def options_at(self, anchor: int, params: SamplingParams) -> tuple[DraftOption, ...]:
+        """The options for a draft after `anchor` (on the host) in an answer sampled with
+        `params`: `options`, unless what it can draft there is known for free before
+        drafting (stacked over a copy drafter)."""
         return self.options
 
     def select(self, bucket: int) -> None:

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, DraftOption
 from specgen.core.errors import CheckpointError, SpecgenError
 from specgen.drafting.base import (
@@ -49,12 +48,11 @@ from specgen.drafting.base import (
 )
 
 if TYPE_CHECKING:
-    from specgen.core.config import SpecConfig
+    from specgen.core.config import SamplingParams, SpecConfig
     from specgen.models.transformer import Transformer
 
 
 COPY = "suffix"  # the copy drafter a registry entry's stacked mounts beside its own
-GREEDY = SamplingParams()  # what a free drafter is asked with (it samples nothing)
 # a free drafter's kinds of draft are offered as buckets FREE_BUCKETS * (its place + 1) +
 # its own bucket, apart from the other drafters' (their place)
 FREE_BUCKETS = 1000
@@ -188,7 +186,7 @@ class StackedDrafter(ResidentDrafter):
     def tensors(self) -> list[torch.Tensor]:
         return [t for d in self.drafters for t in d.tensors()]
 
-    def options_at(self, anchor: int) -> tuple[DraftOption, ...]:
+    def options_at(self, anchor: int, params: SamplingParams) -> tuple[DraftOption, ...]:
         """A free drafter (ngram, suffix) is looked at first: it is offered only where it
         has a draft, as an option of the kind it drafted (its bucket: e.g. suffix's match
         class), so the choice weighs what that kind of draft earned before; the others are
@@ -199,7 +197,7 @@ class StackedDrafter(ResidentDrafter):
             if not d.free:
                 options.append(self.options[i])
                 continue
-            draft = d.propose(anchor, d.max_draft_tokens, GREEDY, None)
+            draft = d.propose(anchor, d.max_draft_tokens, params, None)
             if draft.length:
                 bucket = FREE_BUCKETS * (i + 1) + draft.bucket
                 self._previews[bucket] = draft

@@ -120,9 +120,9 @@ class SuffixDrafter(Drafter):
     def answered(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         self.store.add(answer)
 
-    def proposal(self, anchor: int, max_tokens: int) -> tuple[Proposal, bool]:
-        """The best draft of the request's own tokens and of the store (which one: True
-        for the store), before it becomes a `Draft`."""
+    def proposal(self, anchor: int, max_tokens: int, store: bool = True) -> tuple[Proposal, bool]:
+        """The best draft of the request's own tokens and of the store (`store`: whether
+        to look there; which one drafted: True for the store), before it is a `Draft`."""
         limit = min(max_tokens, self.max_draft_tokens)
         if limit <= 0:
             return Proposal([], [], 0), False
@@ -137,6 +137,8 @@ class SuffixDrafter(Drafter):
             self._tokens[size] = SEPARATOR
         options = dict(factor=self.factor, min_prob=self.min_prob)
         mine = propose(rows, limit, **options)
+        if not store:
+            return mine, False
         theirs = propose(self.store.rows(tail, limit), limit, **options)
         if theirs.score > mine.score:
             return theirs, True
@@ -149,7 +151,10 @@ class SuffixDrafter(Drafter):
         params: SamplingParams | None = None,
         generator: torch.Generator | None = None,
     ) -> Draft:
-        found, from_store = self.proposal(anchor, max_tokens)
+        # a seeded sampled answer depends on its conversation and seed alone: not on the
+        # answers given before it
+        seeded = params is not None and params.seeded
+        found, from_store = self.proposal(anchor, max_tokens, store=not seeded)
         if not found.tokens:
             return empty_draft(self.device)
         tokens = torch.tensor([found.tokens], dtype=torch.long, device=self.device)

@@ -7,7 +7,8 @@ against ~100 for a dict of lists) and searched by binary search. The newest seal
 absorbs each one sealed after it until it holds an eighth of the budget (re-sorting it
 then costs a few milliseconds per answer, amortized), so a lookup visits at most nine
 segments and the open one. When the segments together pass the budget, the oldest is
-dropped: the earliest answers are forgotten first, an eighth of the budget at a time. `nbytes` is the store's memory as its arrays hold it (tests hold it to tracemalloc).
+dropped: the earliest answers are forgotten first, an eighth of the budget at a time.
+`nbytes` is the store's memory as its arrays hold it (tests hold it to tracemalloc).
 
 Matches from the store start at `NGRAM` tokens: a one- or two-token match among thousands
 of earlier answers says little about what comes next.

@@ -5,7 +5,7 @@ Each JSON line: the prompt's index, category, and `record`'s fields. The first l
 -1) is the bench's warm-up answer ("Hello", 8 tokens), whose scheduler the first prompt's
 learns from in a bench. About 10 s per 128-token answer on the 2-core CPU.
 
-    python benchmarks/record_drafts.py --suite ../shared/data/spec_bench.jsonl \\
+    python benchmarks/record_drafts.py --suite benchmarks/prompts/spec_bench.jsonl \\
         --num-prompts 52 --out drafts.jsonl
 """
 

@@ -8,7 +8,7 @@ Seconds for hundreds of answers where a what-if bench run takes half an hour.
 columns are the largest differences in τ and modeled speedup between the two (0 when the
 replay decided every step as the bench did).
 
-    python benchmarks/record_drafts.py --suite ../shared/data/spec_bench.jsonl \\
+    python benchmarks/record_drafts.py --suite benchmarks/prompts/spec_bench.jsonl \\
         --num-prompts 52 --out drafts.jsonl
     python benchmarks/replay_schedulers.py drafts.jsonl \\
         --check benchmarks/results/cpu-what-if-h200-prices.raw.txt

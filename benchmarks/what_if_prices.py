@@ -21,7 +21,7 @@ so SLOPE = 0.18 / 15; DFlash draft 0.25 and DSpark draft 0.29 of an AR step, eag
 eager). For the default model on that GPU those ratios are an assumption: its own price
 list was never recorded.
 
-    python benchmarks/what_if_prices.py --suite ../shared/data/spec_bench.jsonl \
+    python benchmarks/what_if_prices.py --suite benchmarks/prompts/spec_bench.jsonl \
         --num-prompts 52 > out.txt && python benchmarks/summarize_bench.py out.txt
 """
 

@@ -21,6 +21,9 @@ from specgen.core.stats import GenStats
 from specgen.models.families import model_args
 from support.targets import FIXTURES
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 
 
@@ -222,12 +225,12 @@ def test_sampled_bench_skips_the_identity_check(pipes):
     assert run.compared == {} and summarize(run, {})["lossless"] is None
 
 
-def test_cli_bench_ends_with_one_json_line(tiny_llama):
+def test_cli_bench_json_is_stdout_alone(tiny_llama):
     args = ["bench", "--model", str(tiny_llama), "--methods", "ngram,hf", "--num-prompts", "2",
             "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32", "--json"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
-    last = json.loads(result.stdout.strip().splitlines()[-1])
+    last = json.loads(result.stdout)  # stdout is the JSON alone (`| python -m json.tool`)
     assert last["methods"] == ["ar", "ngram", "hf"] and last["tau_includes_bonus"] is True
     assert set(last) >= {"model", "device", "dtype", "suite", "results", "lossless", "memory_bytes"}
     row = last["results"]["ngram"]["all"]
@@ -238,8 +241,8 @@ def test_cli_bench_ends_with_one_json_line(tiny_llama):
     # transformers' own generate on the same checkpoint: the same greedy tokens in fp32
     assert last["lossless"]["hf"]["match_rate"] == 1.0
     assert last["results"]["hf"]["all"]["tau"] == 1.0
-    assert "speedup" in result.stdout  # the table came first
-    table = result.stdout.split("{")[0]  # piped: plain text, nothing cut to fit 80 columns
+    assert "speedup" in result.stderr  # the table went to stderr
+    table = result.stderr  # piped: plain text, nothing cut to fit 80 columns
     assert "…" not in table and not set("─│┃━┏┡") & set(table)
 
 

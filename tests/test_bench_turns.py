@@ -35,7 +35,7 @@ def test_a_suite_keeps_its_turns_only_when_asked(tmp_path):
     assert [p.turns for p in first] == [(TURNS[0],), ("single",)]
     every = load_suite(str(path), turns="all")
     assert [p.turns for p in every] == [tuple(TURNS), ("single",)]
-    with pytest.raises(PromptError, match="conversation 1 .c. has an empty turn"):
+    with pytest.raises(PromptError, match="line 1 has a turn that is not text"):
         load_suite(str(_suite(tmp_path, {"category": "c", "turns": ["a", " "]})), turns="all")
     with pytest.raises(SpecgenError, match="--turns must be first or all"):
         load_suite(str(path), turns="some")
@@ -103,8 +103,20 @@ def test_methods_of_one_server_raced_on_conversations(server, tmp_path):
 def test_bad_endpoint_method_options_are_one_line(tmp_path):
     from support.cli import assert_one_line_error
 
-    result = runner.invoke(app, ["bench", "--methods", "none", "--endpoint", "http://h:1/v1",
-                                 "--endpoint-method", "ar", "--endpoint-method", "suffix"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--methods",
+            "none",
+            "--endpoint",
+            "http://h:1/v1",
+            "--endpoint-method",
+            "ar",
+            "--endpoint-method",
+            "suffix",
+        ],
+    )
     assert_one_line_error(result, 2, "2 --endpoint-method for 1 --endpoint: one each")
     result = runner.invoke(app, ["bench", "--endpoint-method", "ar"])
     assert_one_line_error(result, 2, "need an --endpoint URL")

@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 from specgen.cli import app
 from specgen.core.stats import GenStats
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 FAST = ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6"]
 
@@ -169,7 +172,7 @@ def test_public_suite_unreachable_is_one_line(monkeypatch, capfd, tmp_path):
     assert result.exit_code == 2
     assert stderr.strip().splitlines() == [
         "error: HuggingFaceH4/mt_bench_prompts is not cached and the Hugging Face Hub cannot "
-        "be reached; run the same command once online"
+        "be reached: check the network (or a proxy, HF_ENDPOINT) and try again"
     ]
 
 
@@ -192,6 +195,35 @@ def test_bad_lines_in_a_prompt_file_are_reported_in_place(tiny_llama, tmp_path):
     assert len(lines) == 2 and "line 2" in lines[0] and "line 3" in lines[1]
     plain = run(*args)  # the same without --json: answers on stdout, the two lines on stderr
     assert plain.exit_code == 2 and errors(plain) == lines and plain.stdout.strip()
+
+
+def test_a_line_of_several_turns_is_answered_as_one_conversation(tiny_llama, tmp_path):
+    """Spec-Bench's MT-Bench lines carry two turns: the second is answered after the first
+    and its answer (never dropped), each turn's record saying which turn it is."""
+    from specgen.api.pipeline import Pipeline
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["first question", "and a second one"]}\n{"prompt": "alone"}\n')
+    args = ["generate", "-f", str(prompts), "--model", str(tiny_llama), *FAST]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r.get("turn"), r["prompt"]) for r in records] == [
+        (1, "first question"), (2, "and a second one"), (None, "alone")
+    ]
+    # the second turn's prompt is the whole conversation: the first turn and its answer
+    pipe = Pipeline.load(str(tiny_llama), device="cpu", dtype="float32")
+    conversation = [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": records[0]["text"]},
+        {"role": "user", "content": "and a second one"},
+    ]
+    again = pipe.generate(conversation, max_new_tokens=6)
+    assert records[1]["token_ids"] == again.token_ids
+    assert records[1]["stats"]["prompt_tokens"] == len(pipe.encode(conversation))
+    raw = run(*args, "--json", "--raw")  # no chat template: no conversation to hold them
+    assert raw.exit_code == 2 and "has 2 turns: --raw answers one prompt" in errors(raw)[0]
+    assert [json.loads(line)["prompt"] for line in raw.stdout.splitlines()][-1] == "alone"
 
 
 # --- scripted chat: the context filling up, separators -------------------------------------

@@ -50,6 +50,9 @@ print(len(pipe.generate("hi", max_new_tokens=3).token_ids))
 def test_triton_tests_skip_cleanly_without_triton(tmp_path):
     code = f"""
 import pytest
+
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--basetemp", {str(tmp_path / "t")!r},
                       "tests/kernels", "tests/test_kernel_dispatch.py"]))
 """

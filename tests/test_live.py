@@ -204,3 +204,28 @@ def test_a_real_answer_is_priced_alike_from_a_table_and_from_it_doubled(
     speedup = modeled_speedup(stats, pipe.costs)
     assert speedup is not None
     assert modeled_speedup(stats, _doubled(pipe.costs)) == pytest.approx(speedup, 1e-12)
+
+
+def test_finished_text_wraps_at_words_not_at_the_terminals_edge():
+    """The answer the live view leaves behind is wrapped where the live region wrapped it,
+    between words: one long line handed to the terminal would be cut mid-word at its edge."""
+    printed = []  # what the view prints for good, rendered as a 24-column terminal shows it
+    console = Console(file=io.StringIO(), force_terminal=True, width=24, color_system=None)
+    real = console.print
+
+    def keep(*objects, **kwargs):
+        shown = Console(file=io.StringIO(), width=24, color_system=None)
+        with shown.capture() as captured:
+            shown.print(*objects, **kwargs)
+        printed.append(captured.get())
+        real(*objects, **kwargs)
+
+    console.print = keep
+    view = LiveAnswer(console, None)
+    words = "the quick brown foxes jumped over the lazy sleeping dogs again and again"
+    view.push(_chunk(words + "\nand a second paragraph of several words", 0, _dflash_stats()))
+    view.close(None)
+    lines = "".join(printed).splitlines()
+    # a 24-column terminal cuts any longer line (mid-word): none is longer
+    assert lines and all(len(line) <= 24 for line in lines), lines
+    assert " ".join(" ".join(lines).split()) == f"{words} and a second paragraph of several words"

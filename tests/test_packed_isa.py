@@ -21,6 +21,7 @@ from specgen.kernels.packed import ISA_FLAGS, cpu_library
 
 HERE = Path(__file__).parent
 pytestmark = [
+    pytest.mark.integration,  # each build compiled and run in a subprocess of its own
     pytest.mark.skipif(cpu_library() is None, reason="no C compiler"),
     pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 flags"),
 ]

@@ -17,6 +17,9 @@ from specgen.api.pipeline import Pipeline
 from specgen.core.config import SamplingParams
 from support.serve import CPU, Server
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 LM_EVAL = os.environ.get("SPECGEN_LM_EVAL") or shutil.which("lm_eval")
 LLM = os.environ.get("SPECGEN_LLM") or shutil.which("llm")

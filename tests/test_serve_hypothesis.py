@@ -13,6 +13,9 @@ from support.serve import FIELDS, TOOL_ANSWERS
 from support.serve_stub import StubPipe, codec_with, stub_app
 from support.serve_tools import template
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 

@@ -140,7 +140,7 @@ def test_a_huge_prompt_is_refused_from_a_sample(tmp_path):
                 ("/v1/completions", {"prompt": "fox jumps " * 200_000}),  # 2 MB
                 ("/v1/chat/completions", {"messages": huge}),
             ]:
-                error = error_of(http.post(route, json=body), 413, "context_length_exceeded")
+                error = error_of(http.post(route, json=body), 400, "context_length_exceeded")
                 assert "at least" in error["message"]
         finally:
             tokenizer.__class__.__call__ = original
@@ -335,3 +335,53 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     finally:
         worker.close()
     assert statuses.get(200, 0) > 10, statuses
+
+
+# --- issue 49: bounds and statuses clients rely on ------------------------------------------
+
+
+def test_max_tokens_is_bounded_by_the_context(pipe):
+    with stub_app(pipe) as http:  # context 256
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 10**12})
+        error = error_of(r, 400, "context_length_exceeded")
+        assert error["param"] == "max_tokens" and "256" in error["message"]
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 255})
+        error_of(r, 400, "context_length_exceeded")  # 2 prompt tokens + 255 > 256
+    with stub_app(pipe, max_tokens=10_000) as http:  # a default too large is cut to the room
+        r = http.post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 200
+
+
+def test_a_body_that_never_arrives_is_a_408():
+    async def slow():
+        yield b"{"
+        await asyncio.sleep(5)
+        yield b"}"
+
+    with pytest.raises(APIError) as e:
+        asyncio.run(limits.read_body_within({}, slow(), 100, timeout=0.2))
+    assert e.value.status == 408 and e.value.code == "request_timeout"
+
+
+def test_retry_after_is_one_place_of_the_measured_drain_rate():
+    import time
+
+    from specgen.serve.worker import Worker
+
+    worker = Worker(lambda: {}, queue_size=1)
+    now = time.perf_counter()
+    worker._ends.extend([now - 6, now - 4, now - 2, now])  # a job ends every 2 s
+    assert worker.retry_after() == 2  # one place frees in ~2 s, whatever the queue's length
+    worker._ends.clear()
+    assert worker.retry_after() == 1  # nothing measured yet: the running mean's 1 s
+
+
+def test_health_says_stopping_with_a_503_and_models_by_id(pipe):
+    with stub_app(pipe) as http:
+        assert http.get("/v1/models/m").json()["id"] == "m"
+        error_of(http.get("/v1/models/other"), 404, "model_not_found")
+        assert http.get("/health").status_code == 200
+        http.app.service.draining = True
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "stopping"
+        error_of(http.post("/v1/completions", json={"prompt": "hi"}), 503, "shutting_down")

@@ -314,15 +314,73 @@ def test_a_named_tool_choice_is_forced_in_the_prompt(served, codecs):
         assert prompt.endswith('<tool_call>\n{"name": "get_time", "arguments": ')
 
 
-def test_a_template_without_tools_is_a_clear_400(tmp_path):
-    with stub_app(StubPipe(codec_with(tmp_path))) as http:  # the tiny ChatML template
-        r = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
-        assert "no tool support" in r.json()["error"]["message"]
-        r = http.post("/v1/chat/completions", json={"messages": history(HISTORY)})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+GENERIC_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+
+
+def test_a_template_without_tools_gets_the_generic_format(tmp_path):
+    """The tiny ChatML template never reads `tools`: the tools go into a system message,
+    the answer is held to the call-or-reply JSON (a grammar on the job), and both shapes
+    are read back. The stub writes what a constrained model would."""
+    pipe = StubPipe(codec_with(tmp_path), 4096, answers=[GENERIC_CALL, '{"response": "Sunny."}'])
+    with stub_app(pipe) as http:
+        body = {"messages": ASK, "tools": [WEATHER], "max_tokens": 200}
+        r = http.post("/v1/chat/completions", json=body).json()
+        choice = r["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        prompt = pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert "You have these tools" in prompt and '"get_weather"' in prompt
+        assert pipe.constraints[-1] is not None
+        r = http.post("/v1/chat/completions", json=body).json()
+        assert r["choices"][0]["message"]["content"] == "Sunny."
+        assert r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_choice_none_is_never_refused_and_leaves_the_tools_out(tmp_path):
+    pipe = StubPipe(codec_with(tmp_path), answers=["plain"])
+    with stub_app(pipe) as http:
+        body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "plain"
+        assert "get_weather" not in pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert pipe.constraints[-1] is None
         r = http.post("/v1/chat/completions", json={"messages": ASK, "tool_choice": "auto"})
         assert r.status_code == 200  # harmless without tools, as before
+
+
+def test_a_generic_history_renders_calls_and_results_as_json(tmp_path):
+    pipe = StubPipe(codec_with(tmp_path), 4096, answers=['{"response": "It is sunny."}'])
+    with stub_app(pipe) as http:
+        body = {"messages": history(HISTORY), "tools": [WEATHER], "max_tokens": 200}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "It is sunny."
+        prompt = pipe.codec.tokenizer.decode(pipe.prompts[-1])
+        assert '"tool_calls"' in prompt and '"tool_response"' in prompt
+
+
+def test_the_generic_grammar_allows_calls_and_replies_only(tmp_path):
+    from specgen.serve import generic_tools, grammar
+
+    codec = codec_with(tmp_path)
+    vocab = len(codec.tokenizer)
+    for choice, allowed, refused in [
+        ("auto", [GENERIC_CALL, '{"response": "hi"}'], ["hi", '{"tool_calls": []}']),
+        ("required", [GENERIC_CALL], ['{"response": "hi"}']),
+    ]:
+        tools = T.parse_tools({"tools": [WEATHER, TIME], "tool_choice": choice})
+        rules = grammar.json_schema_grammar(generic_tools.schema(tools), "tools")
+        for text, ok in [(t, True) for t in allowed] + [(t, False) for t in refused]:
+            g = grammar.compile(codec, vocab, rules, "tools")
+            ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+            rows = g.allowed(ids)  # row j: what may follow ids[:j]
+            fits = all(bool(rows[j, t]) for j, t in enumerate(ids))
+            ends = fits and bool(g.allowed(())[0].any())
+            if fits:
+                g.commit(ids)
+                ends = bool(g.allowed(())[0, sorted(codec.stop_ids)].all())
+            assert (fits and ends) == ok, (choice, text)
 
 
 def test_bad_tool_messages_are_a_400_naming_them(served):

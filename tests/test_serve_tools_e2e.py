@@ -19,6 +19,9 @@ from support.serve import CPU, Server
 from support.serve_stub import codec_with
 from support.serve_tools import ASK, TIME, WEATHER, template
 
+# servers, subprocesses or whole CLI runs: not the quick tier
+pytestmark = pytest.mark.integration
+
 N = 10
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 

@@ -93,7 +93,7 @@ def test_defaults_and_overrides():
         (dict(messages=MSG, top_logprobs=3), "top_logprobs"),  # without logprobs: true
         (dict(prompt="x", logprobs=6), "logprobs"),  # completions': OpenAI's 5 at most
         (dict(messages=MSG, tools=[{"type": "function"}]), "tools[0].function"),
-        (dict(messages=MSG, response_format={"type": "json_object"}), "response_format"),
+        (dict(messages=MSG, response_format={"type": "xml"}), "response_format"),
         (dict(messages=MSG, presence_penalty=3), "presence_penalty"),
         (dict(messages=MSG, max_tokens=0), "max_tokens"),
         (dict(messages=MSG, max_tokens=2.5), "max_tokens"),
@@ -230,12 +230,15 @@ class ScriptedPipe:
     def encode(self, prompt, raw=False, think=None):
         return [list(self.scripts).index(prompt)] * 3
 
-    def stream_ids(self, ids, sampling=None, max_new_tokens=256):
+    def stream_ids(self, ids, sampling=None, max_new_tokens=256, cancel=None, **kwargs):
         from specgen.api.pipeline import Chunk
+        from specgen.core.errors import Cancelled
 
         name = list(self.scripts)[ids[0]]
         stats = GenStats(prompt_tokens=len(ids), prefill_tokens=len(ids))
         try:
+            if cancel is not None and cancel():  # as between prefill chunks
+                raise Cancelled("cancelled before the prefill")
             if name == "boom":
                 raise RuntimeError("boom")
             pieces = self.scripts[name][:max_new_tokens]
@@ -288,8 +291,9 @@ def test_a_stop_string_ends_the_generation_at_that_step(scripted):
     assert r["usage"]["completion_tokens"] == 3 and pipe.closed == 1  # step 4 never ran
 
 
-def test_once_cut_every_answer_is_cancelled_at_once(scripted):
-    http, _, worker = scripted
+def test_once_cut_an_answer_not_started_is_a_503_and_never_runs(scripted):
+    http, pipe, worker = scripted
     worker.cut_all()
-    r = http.post("/v1/completions", json={"prompt": "ok"}).json()
-    assert r["choices"][0]["finish_reason"] == "cancelled" and r["usage"]["completion_tokens"] == 0
+    r = http.post("/v1/completions", json={"prompt": "ok"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    assert pipe.closed == 0

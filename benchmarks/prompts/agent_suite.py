@@ -31,7 +31,7 @@ logging:
   format: json
 """
 
-UTILS = '''import re
+UTILS = """import re
 from datetime import datetime
 
 
@@ -54,7 +54,7 @@ def chunk(items, size):
 
 def word_count(text):
     return len(text.split())
-'''
+"""
 
 PYTEST = """============================= test session starts ==============================
 collected 6 items
@@ -188,112 +188,145 @@ def block(text: str, lang: str = "") -> str:
     return f"```{lang}\n{text}```"
 
 
+EDITED = CONFIG.replace("8080", "9090").replace("level: info", "level: debug")
+
 CONVERSATIONS = [
-    ("agent-edit", [
-        f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nChange the server port to 9090. "
-        "Reply with the complete updated file and nothing else.",
-        f"Here is config.yaml as it is now:\n{block(CONFIG.replace('8080', '9090'), 'yaml')}\n"
-        "Also set the logging level to debug. Reply with the complete file.",
-        "Tool output (yamllint config.yaml):\n```\nconfig.yaml\n  6:3  warning  too many "
-        "spaces after colon\n```\nHere is the file again:\n"
-        f"{block(CONFIG.replace('8080', '9090').replace('level: info', 'level: debug'), 'yaml')}"
-        "\nIs the warning real? Then reply with the file unchanged if nothing needs fixing.",
-        f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nAdd `max_body_mb: 16` under server, "
-        "after workers. Reply with the complete file.",
-        f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nReply with only the database section.",
-    ]),
-    ("agent-code", [
-        f"Here is utils.py:\n{block(UTILS, 'python')}\nAdd a docstring to slugify. Reply "
-        "with the whole file.",
-        f"Test run output:\n{block(PYTEST)}\nHere is utils.py again:\n{block(UTILS, 'python')}"
-        "\nFix word_count so that None counts as 0. Reply with the whole file.",
-        f"Test run output:\n{block(PYTEST)}\nHere is utils.py:\n{block(UTILS, 'python')}\n"
-        "Explain in two sentences why test_chunk_empty fails.",
-        f"Here is utils.py:\n{block(UTILS, 'python')}\nRename chunk to batched everywhere. "
-        "Reply with the whole file.",
-    ]),
-    ("agent-shell", [
-        f"{TOOLS}\nTask: find the large files in the project.\nTool output (run ls -la):\n"
-        f"{block(LS)}\nWhich files are larger than 1000 bytes? Reply as a JSON list of names.",
-        f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nCall the tool that reads "
-        "README.md. Reply with the JSON tool call only.",
-        f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nWrite a one-line shell command "
-        "that deletes data.db, then explain why it may be a bad idea.",
-        f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nList every directory, one per line.",
-        f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nReply with the same listing, sorted "
-        "by size, largest first.",
-    ]),
-    ("agent-json", [
-        f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nSummarize the week in "
-        "three sentences.",
-        f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nReply with the same JSON, "
-        "adding \"umbrella\": true to every day with more than 1 mm of rain.",
-        f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nMake a Markdown table "
-        "with date, high and low.",
-        f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nWhich day is the windiest?"
-        " Quote its line from the JSON.",
-    ]),
-    ("agent-csv", [
-        f"Here is team.csv:\n{block(CSV, 'csv')}\nAdd a column total = commits + reviews. "
-        "Reply with the full CSV.",
-        f"Here is team.csv:\n{block(CSV, 'csv')}\nReply with only the rows of the core team, "
-        "header included.",
-        f"Here is team.csv:\n{block(CSV, 'csv')}\nSort the rows by commits, highest first. "
-        "Reply with the full CSV.",
-        f"Here is team.csv:\n{block(CSV, 'csv')}\nWho has the most reviews? Answer in one "
-        "sentence.",
-        f"Here is team.csv:\n{block(CSV, 'csv')}\nConvert it to JSON Lines, one object per row.",
-    ]),
-    ("agent-logs", [
-        f"Server log:\n{block(LOG)}\nList every ERROR line exactly as it appears.",
-        f"Server log:\n{block(LOG)}\nWhat happened between 10:04:17 and 10:04:19?",
-        f"Server log:\n{block(LOG)}\nReply with the log lines of the db component only.",
-        f"Server log:\n{block(LOG)}\nWrite a short incident report: cause, impact, fix.",
-    ]),
-    ("agent-rag", [
-        f"Document:\n{block(DOC)}\nUsing only the document, how are files over 2 GB handled? "
-        "Quote the sentence.",
-        f"Document:\n{block(DOC)}\nUsing only the document, what does --dry-run do? Quote it.",
-        f"Document:\n{block(DOC)}\nUsing only the document, list every change to the exporter.",
-        f"Document:\n{block(DOC)}\nRewrite the known issue paragraph for end users.",
-        f"Document:\n{block(DOC)}\nReply with the document unchanged, but with version 2.4 "
-        "written as 2.4.0 everywhere.",
-    ]),
-    ("agent-html", [
-        f"Here is team.html:\n{block(HTML, 'html')}\nAdd a member <li>Dara - infra</li> at "
-        "the end of the list. Reply with the whole file.",
-        f"Here is team.html:\n{block(HTML, 'html')}\nChange the title to \"Team directory\". "
-        "Reply with the whole file.",
-        f"Here is team.html:\n{block(HTML, 'html')}\nAdd a link to /blog in the nav. Reply "
-        "with the whole file.",
-        f"Here is team.html:\n{block(HTML, 'html')}\nWhat does the stylesheet link point to?",
-    ]),
-    ("agent-sql", [
-        f"Schema:\n{block(SCHEMA, 'sql')}\nWrite a query for the total spent per customer, "
-        "highest first.",
-        f"Schema:\n{block(SCHEMA, 'sql')}\nQuery result:\n{block(ROWS)}\nWhich country spends "
-        "the most in total? Show the numbers you added.",
-        f"Schema:\n{block(SCHEMA, 'sql')}\nAdd an `email TEXT` column to customers. Reply with "
-        "the full schema.",
-        f"Schema:\n{block(SCHEMA, 'sql')}\nQuery result:\n{block(ROWS)}\nReply with the result "
-        "table again, only the rows from PT.",
-        f"Schema:\n{block(SCHEMA, 'sql')}\nWrite the query that lists orders with status "
-        "'open' older than 30 days.",
-    ]),
-    ("agent-plan", [
-        f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nYour last call: "
-        '{"tool": "read_file", "arguments": {"path": "README.md"}}\nTool output:\n'
-        "```\n# Shortener 1.3\nA tiny URL shortener.\nRun: python app.py (version 1.3)\n```\n"
-        "Reply with the next tool call as JSON.",
-        f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nYour last call: "
-        '{"tool": "write_file", "arguments": {"path": "README.md", "content": "# Shortener '
-        '1.4\\nA tiny URL shortener.\\nRun: python app.py (version 1.4)\\n"}}\nTool output:\n'
-        "```\nwrote 71 bytes\n```\nReply with the next tool call as JSON, to check the file.",
-        f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nTool output "
-        "(read_file README.md):\n```\n# Shortener 1.4\nA tiny URL shortener.\nRun: python "
-        "app.py (version 1.4)\n```\nIs the task done? Answer yes or no, then say why.",
-        f"{TOOLS}\nTask: run the tests.\nReply with the tool call that runs pytest, as JSON.",
-    ]),
+    (
+        "agent-edit",
+        [
+            f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nChange the server port to 9090. "
+            "Reply with the complete updated file and nothing else.",
+            f"Here is config.yaml as it is now:\n{block(CONFIG.replace('8080', '9090'), 'yaml')}\n"
+            "Also set the logging level to debug. Reply with the complete file.",
+            "Tool output (yamllint config.yaml):\n```\nconfig.yaml\n  6:3  warning  too many "
+            "spaces after colon\n```\nHere is the file again:\n"
+            f"{block(EDITED, 'yaml')}"
+            "\nIs the warning real? Then reply with the file unchanged if nothing needs fixing.",
+            f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nAdd `max_body_mb: 16` under server, "
+            "after workers. Reply with the complete file.",
+            f"Here is config.yaml:\n{block(CONFIG, 'yaml')}\nReply with only the database section.",
+        ],
+    ),
+    (
+        "agent-code",
+        [
+            f"Here is utils.py:\n{block(UTILS, 'python')}\nAdd a docstring to slugify. Reply "
+            "with the whole file.",
+            f"Test run output:\n{block(PYTEST)}\nHere is utils.py again:\n{block(UTILS, 'python')}"
+            "\nFix word_count so that None counts as 0. Reply with the whole file.",
+            f"Test run output:\n{block(PYTEST)}\nHere is utils.py:\n{block(UTILS, 'python')}\n"
+            "Explain in two sentences why test_chunk_empty fails.",
+            f"Here is utils.py:\n{block(UTILS, 'python')}\nRename chunk to batched everywhere. "
+            "Reply with the whole file.",
+        ],
+    ),
+    (
+        "agent-shell",
+        [
+            f"{TOOLS}\nTask: find the large files in the project.\nTool output (run ls -la):\n"
+            f"{block(LS)}\nWhich files are larger than 1000 bytes? Reply as a JSON list of names.",
+            f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nCall the tool that reads "
+            "README.md. Reply with the JSON tool call only.",
+            f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nWrite a one-line shell command "
+            "that deletes data.db, then explain why it may be a bad idea.",
+            f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nList every directory, one per line.",
+            f"{TOOLS}\nTool output (run ls -la):\n{block(LS)}\nReply with the same listing, sorted "
+            "by size, largest first.",
+        ],
+    ),
+    (
+        "agent-json",
+        [
+            f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nSummarize the week in "
+            "three sentences.",
+            f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nReply with the same JSON, "
+            'adding "umbrella": true to every day with more than 1 mm of rain.',
+            f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nMake a Markdown table "
+            "with date, high and low.",
+            f"Tool output (weather_forecast):\n{block(WEATHER, 'json')}\nWhich day is the windiest?"
+            " Quote its line from the JSON.",
+        ],
+    ),
+    (
+        "agent-csv",
+        [
+            f"Here is team.csv:\n{block(CSV, 'csv')}\nAdd a column total = commits + reviews. "
+            "Reply with the full CSV.",
+            f"Here is team.csv:\n{block(CSV, 'csv')}\nReply with only the rows of the core team, "
+            "header included.",
+            f"Here is team.csv:\n{block(CSV, 'csv')}\nSort the rows by commits, highest first. "
+            "Reply with the full CSV.",
+            f"Here is team.csv:\n{block(CSV, 'csv')}\nWho has the most reviews? Answer in one "
+            "sentence.",
+            f"Here is team.csv:\n{block(CSV, 'csv')}\nConvert it to JSON Lines, one object per "
+            "row.",
+        ],
+    ),
+    (
+        "agent-logs",
+        [
+            f"Server log:\n{block(LOG)}\nList every ERROR line exactly as it appears.",
+            f"Server log:\n{block(LOG)}\nWhat happened between 10:04:17 and 10:04:19?",
+            f"Server log:\n{block(LOG)}\nReply with the log lines of the db component only.",
+            f"Server log:\n{block(LOG)}\nWrite a short incident report: cause, impact, fix.",
+        ],
+    ),
+    (
+        "agent-rag",
+        [
+            f"Document:\n{block(DOC)}\nUsing only the document, how are files over 2 GB handled? "
+            "Quote the sentence.",
+            f"Document:\n{block(DOC)}\nUsing only the document, what does --dry-run do? Quote it.",
+            f"Document:\n{block(DOC)}\nUsing only the document, list every change to the exporter.",
+            f"Document:\n{block(DOC)}\nRewrite the known issue paragraph for end users.",
+            f"Document:\n{block(DOC)}\nReply with the document unchanged, but with version 2.4 "
+            "written as 2.4.0 everywhere.",
+        ],
+    ),
+    (
+        "agent-html",
+        [
+            f"Here is team.html:\n{block(HTML, 'html')}\nAdd a member <li>Dara - infra</li> at "
+            "the end of the list. Reply with the whole file.",
+            f'Here is team.html:\n{block(HTML, "html")}\nChange the title to "Team directory". '
+            "Reply with the whole file.",
+            f"Here is team.html:\n{block(HTML, 'html')}\nAdd a link to /blog in the nav. Reply "
+            "with the whole file.",
+            f"Here is team.html:\n{block(HTML, 'html')}\nWhat does the stylesheet link point to?",
+        ],
+    ),
+    (
+        "agent-sql",
+        [
+            f"Schema:\n{block(SCHEMA, 'sql')}\nWrite a query for the total spent per customer, "
+            "highest first.",
+            f"Schema:\n{block(SCHEMA, 'sql')}\nQuery result:\n{block(ROWS)}\nWhich country spends "
+            "the most in total? Show the numbers you added.",
+            f"Schema:\n{block(SCHEMA, 'sql')}\nAdd an `email TEXT` column to customers. Reply with "
+            "the full schema.",
+            f"Schema:\n{block(SCHEMA, 'sql')}\nQuery result:\n{block(ROWS)}\nReply with the result "
+            "table again, only the rows from PT.",
+            f"Schema:\n{block(SCHEMA, 'sql')}\nWrite the query that lists orders with status "
+            "'open' older than 30 days.",
+        ],
+    ),
+    (
+        "agent-plan",
+        [
+            f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nYour last call: "
+            '{"tool": "read_file", "arguments": {"path": "README.md"}}\nTool output:\n'
+            "```\n# Shortener 1.3\nA tiny URL shortener.\nRun: python app.py (version 1.3)\n```\n"
+            "Reply with the next tool call as JSON.",
+            f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nYour last call: "
+            '{"tool": "write_file", "arguments": {"path": "README.md", "content": "# Shortener '
+            '1.4\\nA tiny URL shortener.\\nRun: python app.py (version 1.4)\\n"}}\nTool output:\n'
+            "```\nwrote 71 bytes\n```\nReply with the next tool call as JSON, to check the file.",
+            f"{TOOLS}\nTask: bump the version in README.md from 1.3 to 1.4.\nTool output "
+            "(read_file README.md):\n```\n# Shortener 1.4\nA tiny URL shortener.\nRun: python "
+            "app.py (version 1.4)\n```\nIs the task done? Answer yes or no, then say why.",
+            f"{TOOLS}\nTask: run the tests.\nReply with the tool call that runs pytest, as JSON.",
+        ],
+    ),
 ]
 
 

@@ -134,12 +134,15 @@ def cached_snapshot(repo: str) -> Path | None:
     return path if complete else None
 
 
-def download(repo: str, *, alias: str | None = None) -> Path:
-    """Fetch config, tokenizer and safetensors of `repo` into the HF cache (or reuse it)."""
+def download(repo: str, *, alias: str | None = None, pulling: bool = False) -> Path:
+    """Fetch config, tokenizer and safetensors of `repo` into the HF cache (or reuse it).
+    `pulling`: this is `specgen pull` itself (an error then says how to reach the Hub,
+    not to run the command being run)."""
     from huggingface_hub import snapshot_download
 
     offline = is_offline()
-    with _hub_errors(repo, f"`specgen pull {alias or repo}`", offline):
+    how = None if pulling else f"`specgen pull {alias or repo}`"
+    with _hub_errors(repo, how, offline):
         return Path(
             snapshot_download(repo, allow_patterns=ALLOW_PATTERNS, local_files_only=offline)
         )
@@ -150,13 +153,14 @@ def download_dataset_file(repo: str, filename: str) -> Path:
     from huggingface_hub import hf_hub_download
 
     offline = is_offline()
-    with _hub_errors(repo, "the same command", offline):
+    with _hub_errors(repo, None, offline):
         return Path(hf_hub_download(repo, filename, repo_type="dataset", local_files_only=offline))
 
 
 @contextmanager
-def _hub_errors(repo: str, how: str, offline: bool) -> Iterator[None]:
-    """Turn huggingface_hub's exceptions into one-line errors naming the repo."""
+def _hub_errors(repo: str, how: str | None, offline: bool) -> Iterator[None]:
+    """Turn huggingface_hub's exceptions into one-line errors naming the repo; `how`: the
+    command that would fetch it (None: the one being run, which only needs the Hub)."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -168,10 +172,20 @@ def _hub_errors(repo: str, how: str, offline: bool) -> Iterator[None]:
     try:
         yield
     except LocalEntryNotFoundError:
+        if offline and how is None:
+            raise ModelNotFoundError(
+                f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+                "unset HF_HUB_OFFLINE to download it"
+            ) from None
         if offline:
             raise ModelNotFoundError(
                 f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                 f"run {how} with network access first"
+            ) from None
+        if how is None:
+            raise ModelNotFoundError(
+                f"{repo} is not cached and the Hugging Face Hub cannot be reached: check the "
+                "network (or a proxy, HF_ENDPOINT) and try again"
             ) from None
         raise ModelNotFoundError(
             f"{repo} is not cached and the Hugging Face Hub cannot be reached; "

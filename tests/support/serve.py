@@ -169,6 +169,12 @@ FIELDS = {
         {"type": "function", "function": {"name": "nope"}},
     ],
     "parallel_tool_calls": [True, False, "x"],
+    "response_format": [
+        {"type": "text"}, {"type": "json_object"}, {"type": "xml"}, "json", {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+         "properties": {"a": {"type": "integer"}}, "required": ["a"]}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": 3}}},
+    ],
 }
 
 

@@ -36,6 +36,7 @@ class StubPipe:
         self.answers = answers or ["ok"]
         self.model = SimpleNamespace(args=SimpleNamespace(vocab_size=len(codec.tokenizer)))
         self.prompts: list[list[int]] = []  # what each answer was asked
+        self.constraints: list = []  # each answer's constraint (None: free text)
 
     def encode(self, prompt, raw=False, think=None):
         if isinstance(prompt, str):
@@ -46,13 +47,19 @@ class StubPipe:
             )
         return self.codec.encode_chat(prompt, think=bool(think))
 
-    def stream_ids(self, ids, sampling=None, max_new_tokens=256, ignore_eos=False):
+    def stream_ids(self, ids, sampling=None, max_new_tokens=256, ignore_eos=False, cancel=None,
+                   constraint=None):  # fmt: skip
         """The scripted answer's tokens, one a step, as the pipeline streams them (its
         text decoded without special tokens); with logprobs asked for, each token's is
         -(its position + 1), its top tokens the token itself and the ids after it (mod 256)."""
         from specgen.text.codec import Detokenizer
 
         self.prompts.append(list(ids))
+        self.constraints.append(constraint)
+        if cancel is not None and cancel():  # as between prefill chunks
+            from specgen.core.errors import Cancelled
+
+            raise Cancelled("cancelled before the prefill")
         text = self.answers[(len(self.prompts) - 1) % len(self.answers)]
         stats = GenStats(prompt_tokens=len(ids), prefill_tokens=len(ids))
         tokens = (self.codec.encode_raw(text) if text else [])[:max_new_tokens]

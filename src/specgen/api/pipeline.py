@@ -8,7 +8,7 @@ for chunk in pipe.stream("Tell me a joke"):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from specgen.registry import DEFAULT_ALIAS, MODELS
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.learning import Schedulers
 from specgen.text.codec import Detokenizer, TextCodec
+from specgen.verify.constraint import Constraint
 
 Prompt = str | list[dict[str, str]]  # text, or a chat conversation
 
@@ -276,12 +277,18 @@ class Pipeline:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         session: Session | None = None,
         ignore_eos: bool = False,
+        constraint: Constraint | None = None,
+        cancel: Callable[[], bool] | None = None,
         remember: bool = True,
     ) -> Iterator[Chunk]:
         """`ignore_eos`: stop tokens do not end the answer (vLLM's field; load testers ask
-        for exactly `max_new_tokens`); the context filling up still does. `remember`: the
-        drafter may keep the answer for later ones (suffix's store); off, the next answer
-        drafts as if this one had not been given (a bench's repeats of one prompt)."""
+        for exactly `max_new_tokens`); the context filling up still does. `constraint`:
+        what the answer may say, applied to every row the target scores (every method
+        stays exactly constrained AR: verify/constraint.py). `cancel`: asked between
+        prefill chunks; when it returns True, `Cancelled` is raised and the session keeps
+        the chunks done (engine/prefill.py). `remember`: the drafter may keep the answer
+        for later ones (suffix's store); off, the next answer drafts as if this one had not
+        been given (a bench's repeats of one prompt)."""
         checked_max_new_tokens(max_new_tokens)
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
@@ -301,6 +308,8 @@ class Pipeline:
             stop_ids=frozenset() if ignore_eos else self.codec.stop_ids,
             overlap=self.overlaps,
             resident=self.resident_steps,
+            constraint=constraint,
+            cancel=cancel,
         )
         detok = Detokenizer(self.codec)
         output: list[int] = []

@@ -25,8 +25,10 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
         if not fits:
             raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
         spec = replace(spec, method=fits[0])
-    elif isinstance(spec.drafter, str) and spec.method in (AR, spec.drafter) and (
-        checkpoint_free(spec.drafter)
+    elif (
+        isinstance(spec.drafter, str)
+        and spec.method in (AR, spec.drafter)
+        and (checkpoint_free(spec.drafter))
     ):  # `--drafter suffix`: the method of that name, which loads nothing
         spec = replace(spec, method=spec.drafter, drafter=None)
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is

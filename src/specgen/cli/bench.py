@@ -22,7 +22,7 @@ Examples:
 
   specgen bench
 
-  specgen bench --suite ../shared/data/spec_bench.jsonl --num-prompts 12 --json
+  specgen bench --suite benchmarks/prompts/spec_bench.jsonl --num-prompts 12 --json
 
   specgen bench --model qwen3-8b --methods ar,dflash,dspark --suite mt-bench --plot bench.png
 
@@ -39,7 +39,7 @@ Examples:
     without=("top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty",
              "show_drafts"),
     max_new_tokens=128, seed=0,
-    helps={"quiet": "No progress bar or status lines: only the table (and the --json line)."},
+    helps={"quiet": "No progress bar or status lines: only the table (or the --json line)."},
 )  # fmt: skip
 def bench(
     methods: Annotated[
@@ -78,7 +78,11 @@ def bench(
         str | None, typer.Option("--plot", help="Write a PNG of the results (needs matplotlib).")
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="End with one JSON line holding every number.")
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON line holding every number on stdout (the table "
+            "goes to stderr)."
+        ),
     ] = False,
     endpoint: Annotated[
         list[str] | None,
@@ -193,9 +197,10 @@ def bench(
             }  # fmt: skip
         summary = summarize(result, meta)
         summary["ar_bandwidth_utilisation"] = _ar_roofline(ar, result) if ar else None
-        display.show(results_table(summary))
+        # with --json, stdout carries the JSON alone (`| jq` works) and the table goes to stderr
+        display.show(results_table(summary), err=json_out)
         for line in acceptance_lines(summary):
-            display.show(line)
+            display.show(line, err=json_out)
         if plot:
             write_plot(summary, plot)
             if not run.quiet:

@@ -42,7 +42,8 @@ def generate(
         typer.Option(
             "--prompt-file",
             "-f",
-            help=".txt (one prompt per line) or .jsonl (`prompt` or `turns`); - for stdin lines.",
+            help=".txt (one prompt per line) or .jsonl (`prompt`, or `turns`: answered as one "
+            "conversation); - for stdin lines.",
         ),
     ] = None,
     raw: Annotated[
@@ -73,7 +74,10 @@ def generate(
             try:
                 if p.error is not None:
                     raise PromptError(p.error)
-                answer(p.text, pipe.encode(p.text, raw=raw, think=run.think))
+                if p.turns:
+                    _converse(answer, p, raw, run.think)
+                else:
+                    answer(p.text, pipe.encode(p.text, raw=raw, think=run.think))
             except PromptError as e:  # reported in its place; the exit says so at the end
                 failures += 1
                 _report_failure(p, str(e), prompt_file, json_out)
@@ -97,6 +101,23 @@ def _collect_prompts(prompt: str | None, prompt_file: str | None) -> list[Prompt
     if sys.stdin.isatty():
         raise PromptError("no prompt: give a PROMPT argument, --prompt-file FILE, or pipe text in")
     return [PromptLine(read_stdin_prompt(), None, 1)]
+
+
+def _converse(answer: _Answerer, p: PromptLine, raw: bool, think: bool | None) -> None:
+    """A line of several turns, answered as one conversation: each turn with the answers
+    before it, on one session so each turn prefills only what is new (`specgen chat`'s
+    way). Its answers come one after another (with --json, a record a turn)."""
+    if raw:
+        raise PromptError(
+            f"it has {len(p.turns)} turns: --raw answers one prompt; drop --raw to answer "
+            "them as a conversation"
+        )
+    conversation: list[dict[str, str]] = []
+    for i, turn in enumerate(p.turns, start=1):
+        conversation.append({"role": "user", "content": turn})
+        ids = answer.pipe.encode(conversation, think=think)
+        text = answer(turn, ids, turn=i, last=i == len(p.turns))
+        conversation.append({"role": "assistant", "content": text})
 
 
 def _report_failure(p: PromptLine, message: str, prompt_file: str | None, json_out: bool) -> None:
@@ -125,7 +146,10 @@ class _Answerer:
     quiet: bool
     show_drafts: bool = False
 
-    def __call__(self, prompt: str, ids: list[int]) -> None:
+    def __call__(self, prompt: str, ids: list[int], *, turn: int | None = None,
+                 last: bool = True) -> str:  # fmt: skip
+        """The answer's text; `turn`: its place in a conversation (a field of the record;
+        piped, the turns are separated by a blank line, as `specgen chat` does)."""
         tokens: list[int] = []
         stats: GenStats | None = None
         view = None
@@ -142,11 +166,15 @@ class _Answerer:
         except KeyboardInterrupt:
             if stats is not None:
                 stats.finish_reason = "interrupted"
-            self._finish(prompt, tokens, stats, view)
+            self._finish(prompt, tokens, stats, view, turn)
             raise
-        self._finish(prompt, tokens, stats, view)
+        self._finish(prompt, tokens, stats, view, turn)
+        if view is not None and not last:
+            display.write("\n")  # a blank line between a conversation's answers
+        return self.pipe.codec.decode(tokens)
 
-    def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None, view) -> None:
+    def _finish(self, prompt: str, tokens: list[int], stats: GenStats | None, view,
+                turn: int | None) -> None:  # fmt: skip
         if view is not None:
             view.close(stats)
             return
@@ -155,4 +183,6 @@ class _Answerer:
             record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
         else:
             record = Completion(prompt, text, tokens, stats).to_dict()
+        if turn is not None:
+            record = {"turn": turn, **record}
         display.write_json(record)

@@ -111,5 +111,5 @@ def pull(
                 display.status(f"{repo} ships with specgen")
                 continue
             display.status(f"fetching {repo}")
-            path = download(repo, alias=entry.alias)
+            path = download(repo, alias=entry.alias, pulling=True)
             display.status(f"{repo} -> {path}")

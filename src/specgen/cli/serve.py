@@ -94,10 +94,18 @@ def serve(
         float,
         typer.Option(
             "--shutdown-timeout",
-            help="Seconds answers in flight get to finish after Ctrl-C/SIGTERM before they "
-            "are cut (finish_reason cancelled); a second Ctrl-C cuts them at once.",
+            help="Seconds answers in flight and queued get to finish after Ctrl-C/SIGTERM; "
+            "then they are cut and the server exits (within about 3 s more). A second "
+            "Ctrl-C cuts them at once.",
         ),
-    ] = 10.0,
+    ] = 5.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout",
+            help="Seconds a client may take to send its request body; then 408.",
+        ),
+    ] = 30.0,
     *,
     run: Run,
 ) -> None:
@@ -118,7 +126,8 @@ def serve(
         config = ServeConfig(
             host=host, port=port, api_key=api_key, queue_size=queue_size,
             max_body_bytes=max_body_bytes,
-            shutdown_timeout=shutdown_timeout, defaults=defaults, quiet=run.quiet,
+            shutdown_timeout=shutdown_timeout, body_timeout=body_timeout,
+            defaults=defaults, quiet=run.quiet,
             debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip
         config.check()

@@ -37,3 +37,8 @@ class OptionError(SpecgenError):
 
     def said_as(self, name: str) -> str:
         return f"{name} {self.rule} (got {self.value})"
+
+
+class Cancelled(Exception):
+    """An answer stopped on purpose before it finished (its caller asked, between two
+    prefill chunks). Not an error of input: the server ends the request quietly."""

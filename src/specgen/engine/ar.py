@@ -7,15 +7,17 @@ stops exactly at a stop token (not emitted), at `max_new_tokens`, or at the cont
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from specgen.core.config import SamplingParams
 from specgen.core.events import StepEvent
 from specgen.engine.answer import Answer, reported
+from specgen.engine.prefill import prefill_forward
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
+from specgen.verify.constraint import Constraint, masked
 from specgen.verify.logprobs import logprobs_of
 from specgen.verify.penalties import Penalties, penalised
 from specgen.verify.sampling import make_generator, sample
@@ -32,6 +34,8 @@ def generate_ar(
     stop_ids: frozenset[int],
     lookahead: bool | None = None,
     history: Sequence[int] = (),
+    constraint: Constraint | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> Iterator[StepEvent]:
     """Prefill `new_ids` after what `cache` already holds (`history`: those tokens, which
     the repetition penalty counts as prompt), then decode token by token.
@@ -41,15 +45,18 @@ def generate_ar(
     hands over token N: no device idle between steps. A stop token is then found one step
     late; its forward is undone (`rollback`), so the cache ends exactly as without
     lookahead. On the CPU every op runs to completion before returning, so there it
-    would only add a wasted forward after a stop token."""
+    would only add a wasted forward after a stop token (and with a `constraint`, which
+    must see token N before the mask of N+1, it is off).
+
+    `constraint` masks every row (verify/constraint.py); `cancel` is asked between
+    prefill chunks (engine/prefill.py)."""
     if lookahead is None:
-        lookahead = model.device.type == "cuda"
+        lookahead = model.device.type == "cuda" and constraint is None
     generator = make_generator(params, model.device)
     answer = Answer(max_new_tokens, stop_ids)
-    tokens = torch.tensor([new_ids], dtype=torch.long, device=model.device)
-    logits = model(tokens, cache, num_logits=1).logits[:, -1]  # [1, V]
+    logits = prefill_forward(model, cache, new_ids, cancel=cancel).logits[:, -1]  # [1, V]
     penalties = Penalties.start(params, [*history, *new_ids], logits)
-    token = sample(penalised(penalties, logits), params, generator)
+    token = sample(masked(constraint, penalised(penalties, logits)), params, generator)
     while True:
         if penalties is not None:  # counted before the next token is chosen
             penalties.count(token)
@@ -61,6 +68,8 @@ def generate_ar(
         committed, finish = answer.commit([tid], cache.free if ahead is None else 1)
         if finish == "stop" and ahead is not None:  # the stop token's forward ran ahead
             cache.rollback(cache.length - 1)
+        if constraint is not None:
+            constraint.commit(committed)
         logprobs = logprobs_of(logits, reported([tid], committed, finish), params.logprobs)
         yield StepEvent(tokens=committed, finish=finish, bonus=tid, logprobs=logprobs)
         if finish is not None:
@@ -68,4 +77,4 @@ def generate_ar(
         if ahead is None:
             ahead = model(token.view(1, 1), cache).logits[:, -1]
         logits = ahead
-        token = sample(penalised(penalties, logits), params, generator)
+        token = sample(masked(constraint, penalised(penalties, logits)), params, generator)

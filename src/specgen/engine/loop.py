@@ -19,7 +19,7 @@ output has the target's distribution.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -28,13 +28,18 @@ from specgen.core.draft import Draft, empty_draft
 from specgen.core.events import StepEvent
 from specgen.drafting.base import Drafter
 from specgen.engine.answer import Answer, reported
+from specgen.engine.prefill import prefill_forward
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
 from specgen.verify import verify_draft
+from specgen.verify.constraint import Constraint, masked
 from specgen.verify.logprobs import logprobs_of
 from specgen.verify.penalties import Penalties, penalised
 from specgen.verify.sampling import make_generator, sample
+
+# an answer's constraint and its cancel check, handed to `prefill` together
+Guide = tuple[Constraint | None, Callable[[], bool] | None] | None
 
 
 def _confidences(draft: Draft) -> tuple[float, ...]:
@@ -50,22 +55,27 @@ def prefill(
     params: SamplingParams,
     answer: Answer,
     history: Sequence[int] = (),
+    guide: Guide = None,
 ) -> tuple[torch.Generator, torch.Tensor, StepEvent, Penalties | None]:
     """Prefill `new_ids` (the drafter observes them) after `history` (what the cache already
     holds) and draw the first token: the request's generator, the first token as the
     anchor on the device [1, 1], the first step's event (its `bonus` is the anchor), and
-    the answer's penalty counts (None: no penalties)."""
+    the answer's penalty counts (None: no penalties). `guide`: the answer's constraint
+    and a cancel check asked between prefill chunks (engine/prefill.py)."""
+    constraint, cancel = guide or (None, None)
     generator = make_generator(params, model.device)
-    ids = torch.tensor([new_ids], device=model.device)
-    out = model(ids, cache, taps=drafter.taps, num_logits=1)
-    drafter.observe(new_ids, out.taps)
+    out = prefill_forward(
+        model, cache, new_ids, taps=drafter.taps, observe=drafter.observe, cancel=cancel
+    )
     logits = out.logits[:, -1]  # [1, V]
     penalties = Penalties.start(params, [*history, *new_ids], logits)
-    first = sample(penalised(penalties, logits), params, generator)
+    first = sample(masked(constraint, penalised(penalties, logits)), params, generator)
     if penalties is not None:
         penalties.count(first)
     anchor = int(first)  # sync: first token
     tokens, finish = answer.commit([anchor], cache.free)
+    if constraint is not None:
+        constraint.commit(tokens)
     logprobs = logprobs_of(logits, reported([anchor], tokens, finish), params.logprobs)
     event = StepEvent(tokens=tokens, finish=finish, bonus=anchor, logprobs=logprobs)
     return generator, first.view(1, 1), event, penalties
@@ -105,9 +115,12 @@ def generate_speculative(
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
     history: Sequence[int] = (),
+    constraint: Constraint | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> Iterator[StepEvent]:
     """Prefill `new_ids` after what `cache` (and `drafter`) already hold (`history`: those
-    tokens, for the repetition penalty), then speculate.
+    tokens, for the repetition penalty), then speculate. `constraint` masks every row the
+    target scores (verify/constraint.py); `cancel` is asked between prefill chunks.
 
     `scheduler`, if given, plans each draft and shortens it to the verify length with the
     best expected tokens per second (from earlier steps only); without it every draft is
@@ -117,7 +130,7 @@ def generate_speculative(
     device = model.device
     answer = Answer(max_new_tokens, stop_ids)
     generator, anchor_t, first, penalties = prefill(
-        model, cache, drafter, new_ids, params, answer, history
+        model, cache, drafter, new_ids, params, answer, history, (constraint, cancel)
     )
     yield first
     anchor, finish = first.bonus, first.finish
@@ -135,8 +148,8 @@ def generate_speculative(
         drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
         block = torch.cat([anchor_t, drafts], dim=1)
         out = model(block, cache, taps=drafter.taps)
-        scored = penalised(penalties, out.logits, drafts)  # [1, k+1, V]
         verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
+        scored = masked(constraint, penalised(penalties, out.logits, drafts), verified)
         if verified:
             verdict = verify_draft(scored, draft, params, generator)
             bonus_t = verdict.bonus[:1].view(1, 1)
@@ -153,6 +166,8 @@ def generate_speculative(
         drafter.observe([anchor, *verified[:accepted]], kept)
         step = [*verified[:accepted], bonus]
         tokens, finish = answer.commit(step, cache.free)
+        if constraint is not None:
+            constraint.commit(tokens)
         yield StepEvent(
             tokens=tokens,
             verified=len(verified),

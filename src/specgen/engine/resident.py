@@ -23,7 +23,7 @@ Host syncs: the prefill's first token, and per step the event of the step before
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -103,12 +103,14 @@ def generate_resident(
     stop_ids: frozenset[int],
     scheduler: VerifyScheduler | None = None,
     history: Sequence[int] = (),
+    cancel: Callable[[], bool] | None = None,
 ) -> Iterator[StepEvent]:
     """`engine.loop.generate_speculative` with the step state on the device (see above);
-    the penalty counts stay there too, and logprobs ride the step's copy to the host."""
+    the penalty counts stay there too, and logprobs ride the step's copy to the host.
+    A constrained answer takes the host loop (its masks need each step's tokens)."""
     answer = Answer(max_new_tokens, stop_ids)
     generator, anchor_t, first, penalties = prefill(
-        forward, cache, drafter, new_ids, params, answer, history
+        forward, cache, drafter, new_ids, params, answer, history, (None, cancel)
     )
     yield first
     if first.finish is not None:

@@ -2,8 +2,10 @@
 
 One convention everywhere: input the server cannot use (bad JSON, a wrong type, a value it
 cannot honour) is 400 `invalid_request_error`, naming the field in `param`; an unknown
-model 404; a prompt longer than the context 413 `context_length_exceeded`; a full queue
-503 with `Retry-After`. Messages are one line; tracebacks stay in the server's log.
+model 404; a prompt (or prompt plus max_tokens) longer than the context 400
+`context_length_exceeded`, as OpenAI answers; a body over the limit 413; a full queue 503
+with `Retry-After`; a client gone 499 (logged and counted, never sent). Messages are one
+line; tracebacks stay in the server's log.
 """
 
 from __future__ import annotations

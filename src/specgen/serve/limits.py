@@ -9,6 +9,7 @@ recursion limit somewhere, a 500).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from specgen.serve.errors import APIError, invalid
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # a 262k-token prompt as text or token ids fits
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds to receive a body (8 MiB at 2 Mbit/s takes 32)
 MAX_DEPTH = 64  # objects and arrays; a tool's JSON Schema nests a dozen at most
 MAX_ITEMS = 1 << 20  # per array or object: a token-id prompt of the longest context fits
 
@@ -28,6 +30,20 @@ def body_too_large(limit: int, size: int | None = None) -> APIError:
         "(its --max-body-bytes sets it)",
         code="request_too_large",
     )
+
+
+async def read_body_within(
+    headers: dict[str, str], chunks: AsyncIterator[bytes], limit: int, timeout: float
+) -> bytes:
+    """`read_body`, or a 408 when the whole body has not come within `timeout` seconds
+    (a client that sends its headers and then nothing would hold a handler forever)."""
+    try:
+        return await asyncio.wait_for(read_body(headers, chunks, limit), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(
+            408, f"the request body did not arrive within {timeout:g} s (the server's "
+            "--body-timeout)", code="request_timeout",
+        ) from None  # fmt: skip
 
 
 async def read_body(headers: dict[str, str], chunks: AsyncIterator[bytes], limit: int) -> bytes:

@@ -34,7 +34,6 @@ HARMLESS: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "min_tokens": (None, 0),
@@ -73,6 +72,8 @@ class GenRequest:
     tools: Tools | None = None  # chat with tools offered (serve/tools.py)
     ignore_eos: bool = False  # vLLM's: run to max_tokens whatever the model says
     echo: bool = False  # completions: the prompt's text (and logprobs) before the answer's
+    response_format: dict | None = None  # the JSON Schema the answer is held to (None: text)
+    max_tokens_given: bool = True  # False: the server's default, cut to the room left
 
 
 def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]) -> GenRequest:
@@ -126,7 +127,32 @@ def parse(body: Any, *, chat: bool, defaults: Defaults, methods: tuple[str, ...]
         tools=tools,
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
         echo=echo,
+        response_format=response_format(body),
+        max_tokens_given=max_tokens is not None,
     )
+
+
+def response_format(body: dict) -> dict | None:
+    """`response_format` as the JSON Schema the answer must match (None: free text):
+    `{"type": "json_object"}` any object, `{"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}}` that schema (strict or not, it is enforced)."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise invalid('response_format.json_schema must be {"name": ..., "schema": {...}}',
+                          "response_format.json_schema", "invalid_type")  # fmt: skip
+        return schema or {}
+    raise invalid('response_format.type must be "text", "json_object" or "json_schema"',
+                  "response_format", "unsupported_value")  # fmt: skip
 
 
 def _logprobs(body: dict, chat: bool) -> tuple[int | None, str]:

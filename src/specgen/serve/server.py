@@ -1,17 +1,22 @@
 """`serve`: bind the port, load the pipelines in the worker thread, run uvicorn until a
 signal, and leave cleanly.
 
-Stopping: the first Ctrl-C or SIGTERM stops accepting connections and lets the answers in
-flight (and those queued) finish for up to `shutdown_timeout` seconds; then, or at a
-second signal, each ends at its next step with finish_reason "cancelled" (a stream still
-gets its last chunk and `data: [DONE]`). A third signal quits at once. The exit status is
-0: stopping on a signal is how a server ends.
+Stopping, in a bounded time whatever the clients do (`docker stop` waits 10 s before it
+kills): the first Ctrl-C or SIGTERM makes the server drain. New answers get 503
+`shutting_down` and `/health` says "stopping" (the listener stays open so that a
+balancer can see it), while the answers in flight and queued finish for up to
+`shutdown_timeout` seconds (default 5). Then the running one is cut at its next step or
+prefill chunk (a stream still gets its finish chunk and `data: [DONE]`; `specgen.cut`
+says why) and the queued ones get 503; at most `CUT_WAIT` seconds later the listener
+closes and connections get `CLOSE_WAIT` seconds to take their answers. A second signal
+does all of it at once. The exit status is 0: stopping on a signal is how a server ends.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,9 @@ from specgen.serve.worker import Worker
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
 
+CUT_WAIT = 2.0  # seconds a cut answer gets to reach its next step or prefill chunk
+CLOSE_WAIT = 1.0  # seconds open connections get to take their last bytes once drained
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -40,7 +48,8 @@ class ServeConfig:
     api_key: str | None = None
     queue_size: int = 16  # requests that may wait while one is answered
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer request body is a 413
-    shutdown_timeout: float = 10.0  # seconds answers in flight get after the first signal
+    shutdown_timeout: float = 5.0  # seconds answers in flight get after the first signal
+    body_timeout: float = 30.0  # seconds a client may take to send its request body
     defaults: Defaults = Defaults()
     quiet: bool = False  # no request log or status lines
     debug: bool = False  # tracebacks in the log
@@ -56,6 +65,8 @@ class ServeConfig:
             raise SpecgenError(f"--max-body-bytes must be at least 1 (got {self.max_body_bytes})")
         if self.shutdown_timeout < 0:
             raise SpecgenError(f"--shutdown-timeout must be >= 0 (got {self.shutdown_timeout})")
+        if not self.body_timeout > 0:
+            raise SpecgenError(f"--body-timeout must be > 0 (got {self.body_timeout})")
         if self.api_key is not None and not self.api_key.strip():
             raise SpecgenError("--api-key is empty")
 
@@ -77,7 +88,7 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
         service = Service(
             worker, model, frozenset(model_names(base.name)), config.defaults, metrics,
             api_key=config.api_key, debug=config.debug, log=config.log,
-            max_body_bytes=config.max_body_bytes,
+            max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout,
         )  # fmt: skip
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host
@@ -86,12 +97,12 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
             build_app(service),
             lifespan="off",
             log_config=_log_config(config.quiet),
-            timeout_graceful_shutdown=None,  # stopping is handled in _Server
+            timeout_graceful_shutdown=CLOSE_WAIT,  # after the drain (_Server.drain)
         )
         server = _Server(uv, worker, service, ready, config)
         server.run(sockets=[sock])
     finally:
-        worker.close()
+        worker.close(timeout=CUT_WAIT)  # a thread stuck in a forward is a daemon: not waited
         sock.close()
 
 
@@ -154,11 +165,10 @@ class _Server(uvicorn.Server):
             self.opts.log.write(self.ready + "\n")
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # uvicorn's own raises the signal again once it has shut down (exit 130 or 143);
-        # a server stopped on purpose exits 0
+        # uvicorn's own closes the listener at once and raises the signal again once it has
+        # shut down (exit 130 or 143); here the server drains first and exits 0
         self.signals += 1
         if self.signals == 1:
-            self.should_exit = True
             self.service.draining = True
             busy = self.worker.queued + self.worker.running
             if busy and not self.opts.quiet:
@@ -167,10 +177,27 @@ class _Server(uvicorn.Server):
                     f"stopping: {answers} in flight get "
                     f"{self.opts.shutdown_timeout:g} s to finish (Ctrl-C again cuts them)"
                 )
-            timer = threading.Timer(self.opts.shutdown_timeout, self.worker.cut_all)
-            timer.daemon = True
-            timer.start()
-        elif self.signals == 2:
+            threading.Thread(target=self.drain, name="specgen-drain", daemon=True).start()
+        else:  # cut now: the answers end at their next step, the listener closes
             self.worker.cut_all()
-        else:
-            self.force_exit = True
+            self.should_exit = True
+            if self.signals > 2:
+                self.force_exit = True
+
+    def drain(self) -> None:
+        """Wait for the worker to finish (at most the grace), cut what is left, wait for
+        the cut (at most CUT_WAIT), then let uvicorn close."""
+        if not _wait(lambda: self.worker.idle or self.should_exit, self.opts.shutdown_timeout):
+            self.worker.cut_all()
+            _wait(lambda: self.worker.idle, CUT_WAIT)
+        time.sleep(0.05)  # the handlers' last events reach the event loop
+        self.should_exit = True
+
+
+def _wait(done, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -7,6 +7,8 @@ it: one `Format` per family, found by what the template writes.
 - `llama_json` (Llama 3.1-3.3): the whole answer is `{"name": N, "parameters": {...}}`
   (after `<|python_tag|>`, a special token the text leaves out)
 - `gemma4` (Gemma 4): `<|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>`
+- `generic` (any template without tools: serve/generic_tools.py): the whole answer is
+  `{"tool_calls": [{"name": N, "arguments": {...}}]}` or `{"response": TEXT}`
 
 `ToolStream` reads an answer as it streams: text before a call goes out as content at
 once (less a tail that may be the start of the opener), each call once it is closed.
@@ -53,8 +55,7 @@ class Format(ABC):
     keeps_special = False  # its markers are special tokens: decode the answer with them
 
     @abstractmethod
-    def detect(self, template: str) -> bool:
-        ...
+    def detect(self, template: str) -> bool: ...
 
     @abstractmethod
     def prefix(self, name: str | None) -> str:
@@ -66,6 +67,10 @@ class Format(ABC):
     def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
         """The calls in the text between opener and closer; None if it is not calls."""
         ...
+
+    def reply(self, inner: str) -> str | None:
+        """The content a text that is not calls stands for (None: the text itself)."""
+        return None
 
 
 class Hermes(Format):
@@ -154,7 +159,39 @@ class Gemma4(Format):
         return [(name.strip(), args)] if rest[end:].strip() == "" else None
 
 
+class GenericJSON(Format):
+    """Chosen, never detected: the format specgen teaches a template without tools."""
+
+    name, opener, closer, at_start_only = "generic", "{", None, True
+
+    def detect(self, template: str) -> bool:
+        return False
+
+    def prefix(self, name: str | None) -> str:
+        return ""  # the grammar forces the call's shape instead
+
+    def parse(self, inner: str, schemas: dict[str, dict]) -> list[tuple[str, dict]] | None:
+        obj = _json_object(inner)
+        calls = obj.get("tool_calls") if obj is not None else None
+        if not isinstance(calls, list) or not calls:
+            return None
+        out = []
+        for call in calls:
+            name = call.get("name") if isinstance(call, dict) else None
+            args = call.get("arguments", {}) if isinstance(call, dict) else None
+            if not isinstance(name, str) or not isinstance(args, dict):
+                return None
+            out.append((name, args))
+        return out
+
+    def reply(self, inner: str) -> str | None:
+        obj = _json_object(inner)
+        text = obj.get("response") if obj is not None else None
+        return text if isinstance(text, str) else None
+
+
 FORMATS: tuple[Format, ...] = (QwenXML(), Hermes(), Gemma4(), LlamaJSON())
+GENERIC = GenericJSON()
 
 
 def format_of(template: str) -> Format | None:
@@ -252,7 +289,8 @@ class ToolStream:
         inner = raw if closer is None else raw[len(self.fmt.opener) :].removesuffix(closer)
         parsed = self.fmt.parse(inner, self.schemas) if closed else None
         if parsed is None:
-            out += _content(raw)
+            said = self.fmt.reply(inner) if closed else None
+            out += _content(raw if said is None else said)
             if closer is None:
                 self._done = True
             return True

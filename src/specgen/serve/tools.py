@@ -2,9 +2,13 @@
 carries them: rendered by the model's own chat template (transformers'
 `apply_chat_template(tools=...)`), as llama-server, vLLM and Ollama do.
 
+A template that never reads `tools` gets the generic format instead
+(serve/generic_tools.py: the tools in a system message, the answer held by constrained
+decoding to the call JSON or a reply).
+
 `tool_choice`:
 - `auto`: the tools are in the prompt; the model decides, its calls are parsed back.
-- `none`: the tools are left out of the prompt and nothing is parsed.
+- `none`: the tools are left out of the prompt and nothing is parsed (never refused).
 - `required` / a named function: the assistant's turn is made to start with the call's
   opener (and the name), in the format the template teaches (`tool_calls.Format.prefix`);
   the model writes the rest. Decoding is unchanged from there on, so speculation stays
@@ -12,7 +16,8 @@ carries them: rendered by the model's own chat template (transformers'
   constrains the rest to be a valid call; one that does not parse is returned as content.
   A forced call turns thinking off for the turn (the opener comes first).
 
-Decoding is not touched: only the prompt's rendering and the answer's parsing are new.
+With the template's own format decoding is not touched: only the prompt's rendering and
+the answer's parsing are new.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from specgen.serve import generic_tools
 from specgen.serve.errors import invalid
-from specgen.serve.tool_calls import Call, Content, Format, format_of
+from specgen.serve.tool_calls import GENERIC, Call, Content, Format, format_of
 
 if TYPE_CHECKING:
     from specgen.text.codec import TextCodec
@@ -156,6 +162,7 @@ class Rendered:
     ids: list[int]
     fmt: Format | None  # how to read calls back (None: no parsing)
     primed: str  # what the answer was made to start with
+    schema: dict | None = None  # the JSON Schema the answer is held to (generic format)
 
 
 def render(codec: TextCodec, messages: list[dict], tools: Tools | None, think: bool) -> Rendered:
@@ -169,10 +176,7 @@ def render(codec: TextCodec, messages: list[dict], tools: Tools | None, think: b
     if not template:
         raise invalid(f"{codec.name} has no chat template", "messages")
     if not _reads_tools(template):
-        where = "tools" if tools is not None else "messages"
-        raise invalid(f"{codec.name}'s chat template has no tool support (it never reads "
-                      "`tools`): tools and tool messages cannot be rendered", where,
-                      "unsupported_value")  # fmt: skip
+        return _generic(codec, messages, tools, think)
     fmt = format_of(template)
     if fmt is None and tools is not None and tools.parsing:
         raise invalid(f"{codec.name}'s chat template writes tool calls in a format specgen "
@@ -188,6 +192,18 @@ def render(codec: TextCodec, messages: list[dict], tools: Tools | None, think: b
     ids = tok(text + primed, add_special_tokens=False)["input_ids"]
     parsing = tools is not None and tools.parsing
     return Rendered(list(ids), fmt if parsing else None, primed)
+
+
+def _generic(codec: TextCodec, messages: list[dict], tools: Tools | None, think: bool) -> Rendered:
+    """A template without tools: llama.cpp's generic format (serve/generic_tools.py)."""
+    history = generic_tools.history(messages, tools)
+    text = codec.tokenizer.apply_chat_template(
+        history, add_generation_prompt=True, tokenize=False, enable_thinking=think
+    )
+    ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if tools is None or not tools.parsing:
+        return Rendered(list(ids), None, "")
+    return Rendered(list(ids), GENERIC, "", generic_tools.schema(tools))
 
 
 def _reads_tools(template: str) -> bool:
@@ -257,7 +273,7 @@ def special_text(codec: TextCodec):
 
 def finish_reason(finish: str, calls: int) -> str:
     """ "tool_calls" for an answer that ended by itself after calling; a cut one keeps
-    its reason ("length", "cancelled")."""
+    its reason ("length")."""
     return "tool_calls" if calls and finish == "stop" else finish
 
 

@@ -6,24 +6,30 @@ the sessions that reuse cached prefixes are not thread-safe, and because on the 
 runs slower from a thread other than the one whose OpenMP team it formed (docs/results.md).
 The event loop only queues jobs and reads their events.
 
-A job's events (`Delta`, then `Done` or `Failed`) go to a callback that must be safe to
-call from this thread (the server hands them to the event loop). Cancelling a job (its
-client left, or the server is stopping) ends its generation at the next step: closing
+A job's events (`Delta`s, then exactly one end: `Done` or `Failed`) go to a callback that
+must be safe to call from this thread (the server hands them to the event loop). Every
+job that leaves the queue ends with one end event, whatever ended it: answered, its client
+gone while it waited (`Failed` 499), cut by the server stopping before it produced
+anything (`Failed` 503) or after (`Done` with `cut`), or a bug (`Failed` 500); a handler
+waiting for it never waits forever. Cancelling (its client left, or the server is
+stopping) ends the answer between two prefill chunks or at its next step: closing
 `Pipeline.stream_ids` settles the session, so the next answer finds a consistent cache.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specgen.core.config import SamplingParams
-from specgen.core.errors import SpecgenError
+from specgen.core.errors import Cancelled, SpecgenError
 from specgen.core.stats import GenStats
 from specgen.scheduling.speedup import modeled_speedup
 from specgen.serve import report
@@ -35,6 +41,11 @@ from specgen.serve.stops import StopCut
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
+    from specgen.verify.constraint import Constraint
+
+# the two ways a job ends early, as `Failed` (nothing was produced) and in `Done.cut`
+CLIENT_GONE = "client"  # its client disconnected
+SHUTDOWN = "shutdown"  # the server is stopping
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,10 @@ class Delta:
 
 @dataclass(frozen=True)
 class Done:
-    finish: str  # stop, length, or cancelled
+    finish: str  # OpenAI's: stop or length (a cut answer says "length": it is cut short)
     usage: tuple[int, int, int]  # prompt, completion, cached prompt tokens
-    spec: dict[str, Any]  # report.final
+    spec: dict[str, Any]  # report.final (with "cut" when the answer was cut)
+    cut: str | None = None  # CLIENT_GONE or SHUTDOWN: why it ended before its end
 
 
 @dataclass(frozen=True)
@@ -69,12 +81,25 @@ class Job:
     text_of: Callable[[Any], tuple[str, int]] | None = None
     ignore_eos: bool = False  # stop tokens do not end the answer (guidellm asks it)
     echo: bool = False  # the prompt's text (with sampling.logprobs, its logprobs) first
-    cancel: threading.Event = field(default_factory=threading.Event)
+    constraint: Constraint | None = None  # what the answer may say (serve/grammar.py)
+    cancel: threading.Event = field(default_factory=threading.Event)  # its client left
     queued_at: float = field(default_factory=time.perf_counter)
+    ended: bool = False  # its end event was posted (set by the worker thread)
+
+
+def client_gone() -> APIError:
+    return APIError(499, "the client closed the request", code="client_closed")
+
+
+def stopping() -> APIError:
+    return APIError(
+        503, "the server is stopping; the request was not answered (retry elsewhere or later)",
+        code="shutting_down",
+    )  # fmt: skip
 
 
 class Overloaded(Exception):
-    """The queue is full; `retry_after` seconds is a guess at when it will not be."""
+    """The queue is full; `retry_after` seconds is when a place is expected to free up."""
 
     def __init__(self, retry_after: int) -> None:
         super().__init__(f"retry after {retry_after} s")
@@ -98,9 +123,10 @@ class Worker:
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._closing = threading.Event()  # the thread should leave
-        self._cutting = threading.Event()  # every answer ends now, finish_reason "cancelled"
+        self._cutting = threading.Event()  # every answer ends now (finish "length", cut)
         self._running: Job | None = None
-        self._answer_seconds = 1.0  # a running mean, for Retry-After
+        self._ends: deque[float] = deque(maxlen=16)  # when recent jobs left: the drain rate
+        self._answer_seconds = 1.0  # a running mean, when too few jobs have ended yet
         self.pipes: dict[str, Pipeline] = {}
         self.metrics: Metrics | None = None
         self._token_names: dict[int, TokenNames] = {}  # per codec: logprobs' token texts
@@ -121,24 +147,51 @@ class Worker:
     def running(self) -> int:
         return int(self._running is not None)
 
+    @property
+    def idle(self) -> bool:
+        return self._running is None and self._jobs.empty()
+
     def submit(self, job: Job) -> None:
         """Queue `job`, or raise `Overloaded` when the queue is full."""
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
-            wait = self._answer_seconds * (self._jobs.qsize() + 1)
-            raise Overloaded(max(1, min(60, round(wait + 0.5)))) from None
+            raise Overloaded(self.retry_after()) from None
+
+    def retry_after(self) -> int:
+        """Seconds until the full queue is expected to have a place: one job's share of
+        the measured drain rate (the mean gap between the last jobs' ends, while busy),
+        not the whole queue's time (a retry needs one place, not an empty queue)."""
+        now = time.perf_counter()
+        ends = [t for t in self._ends if now - t < 120]
+        if len(ends) >= 2:
+            gap = (ends[-1] - ends[0]) / (len(ends) - 1)
+            since = now - ends[-1]  # the running job has been at it this long already
+            wait = max(gap - since, gap / 2)
+        else:
+            wait = self._answer_seconds
+        return max(1, min(60, math.ceil(wait)))
 
     def cut_all(self) -> None:
-        """End the running answer at its next step and every queued one at once, each
-        with finish_reason "cancelled" (the server is stopping)."""
+        """End the running answer between prefill chunks or at its next step, and every
+        queued one at once (the server is stopping)."""
         self._cutting.set()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10) -> None:
+        """Stop the thread; the jobs still queued end with a 503."""
         self._cutting.set()
         self._closing.set()
         if self._loaded.is_set():  # a load cut short (Ctrl-C) is not waited for
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout)
+        self._drain_queue()
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            self._end(job, Failed(client_gone() if job.cancel.is_set() else stopping()))
 
     def _main(self) -> None:
         try:
@@ -153,23 +206,30 @@ class Worker:
                 job = self._jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if job.cancel.is_set():  # its client left while it waited
-                continue
             self._running = job
             start = time.perf_counter()
             try:
                 self._answer(job)
             finally:
                 self._running = None
-                self._answer_seconds = 0.8 * self._answer_seconds + 0.2 * (
-                    time.perf_counter() - start
-                )
+                end = time.perf_counter()
+                self._ends.append(end)
+                self._answer_seconds = 0.8 * self._answer_seconds + 0.2 * (end - start)
+        self._drain_queue()
 
     def _answer(self, job: Job) -> None:
+        """Run `job`; whatever happens, it ends with exactly one end event."""
         try:
-            self._generate(job)
+            if job.cancel.is_set():  # its client left while it waited
+                self._end(job, Failed(client_gone()))
+            elif self._cutting.is_set():  # the server is stopping: not started
+                self._end(job, Failed(stopping()))
+            else:
+                self._generate(job)
+        except Cancelled:  # stopped between prefill chunks: nothing was produced
+            self._end(job, Failed(client_gone() if job.cancel.is_set() else stopping()))
         except SpecgenError as e:  # input the checks before the queue could not see
-            self._post(job, Failed(APIError(400, str(e))))
+            self._end(job, Failed(APIError(400, str(e))))
         except Exception as e:  # a bug: one line to the client, the log says more
             if self._debug:
                 traceback.print_exc()
@@ -180,28 +240,32 @@ class Worker:
             bug = APIError(
                 500, f"internal error: {type(e).__name__}: {e} at {where}", code="internal_error"
             )
-            self._post(job, Failed(bug))
+            self._end(job, Failed(bug))
+        finally:
+            if not job.ended:  # a path above that forgot its end is a bug, not a hang
+                self._end(job, Failed(APIError(500, "internal error: the answer had no end",
+                                               code="internal_error")))  # fmt: skip
 
     def _generate(self, job: Job) -> None:
         queue_seconds = time.perf_counter() - job.queued_at
-        if self._cutting.is_set():  # the server is stopping: answered, not run
-            spec = report.empty(job.method, len(job.prompt_ids))
-            self._post(job, Done("cancelled", (len(job.prompt_ids), 0, 0), spec))
-            return
         pipe = self.pipes[job.method]
         pending = self._echo(job, pipe) if job.echo else Pending()
         if job.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
             spec = report.empty(job.method, len(job.prompt_ids))
-            self._post(job, Done("length", (len(job.prompt_ids), 0, 0), spec))
+            self._end(job, Done("length", (len(job.prompt_ids), 0, 0), spec))
             return
         names = self._names(pipe) if job.sampling.logprobs is not None else None
         cut = StopCut(job.stops)
-        extra = {"ignore_eos": True} if job.ignore_eos else {}
+        extra: dict[str, Any] = {"ignore_eos": True} if job.ignore_eos else {}
+        if job.constraint is not None:
+            extra["constraint"] = job.constraint
         stream = pipe.stream_ids(
-            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens, **extra
-        )
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens,
+            cancel=lambda: self._cancelled(job), **extra,
+        )  # fmt: skip
         stats = None
         finish = None
+        cut_by: str | None = None
 
         def send(pieces) -> None:
             for piece in pieces:
@@ -221,7 +285,8 @@ class Worker:
                     finish = "stop"
                     break
                 if stats.finish_reason is None and self._cancelled(job):
-                    finish = "cancelled"
+                    finish = "length"  # cut short; who cut it is said in `cut`
+                    cut_by = CLIENT_GONE if job.cancel.is_set() else SHUTDOWN
                     break
         finally:
             stream.close()  # the pipeline settles the session (a consistent cache)
@@ -234,14 +299,17 @@ class Worker:
             # the context filling up is a length limit to an OpenAI client
             finish = "length" if stats.finish_reason in ("length", "context") else "stop"
         if self.metrics is not None:
-            self.metrics.answer(stats, finish)
+            # a cut answer is counted by who cut it (its OpenAI finish is "length")
+            self.metrics.answer(stats, finish if cut_by is None else f"cut_{cut_by}")
         cached = stats.prompt_tokens - stats.prefill_tokens
         if job.echo and job.sampling.logprobs is not None:
             cached = 0  # this request's own scoring pass computed the prompt, not a cache
         usage = (stats.prompt_tokens, stats.new_tokens, cached)
         speedup = modeled_speedup(stats, pipe.costs)
         spec = report.final(stats, queue_seconds=queue_seconds, speedup=speedup)
-        self._post(job, Done(finish, usage, spec))
+        if cut_by is not None:
+            spec["cut"] = cut_by
+        self._end(job, Done(finish, usage, spec, cut_by))
 
     def _echo(self, job: Job, pipe: Pipeline) -> Pending:
         """Send the prompt's text (and with logprobs its logprobs, one prefill of the whole
@@ -261,6 +329,13 @@ class Worker:
 
     def _cancelled(self, job: Job) -> bool:
         return job.cancel.is_set() or self._cutting.is_set()
+
+    def _end(self, job: Job, event: Done | Failed) -> None:
+        """A job's one end event (a second is dropped: exactly one per job)."""
+        if job.ended:
+            return
+        job.ended = True
+        self._post(job, event)
 
     def _post(self, job: Job, event: Delta | Done | Failed) -> None:
         try:

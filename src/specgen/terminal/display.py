@@ -140,12 +140,15 @@ def progress(total: int, label: str, *, disable: bool = False) -> Iterator[Calla
         yield advance
 
 
-def show(renderable: Any) -> None:
-    """A table or line on stdout: Rich on a terminal; piped, `plain` text."""
-    if stdout_is_tty():
-        Console(highlight=False).print(renderable)
+def show(renderable: Any, *, err: bool = False) -> None:
+    """A table or line on stdout (`err`: stderr, where stdout carries JSON alone): Rich on a
+    terminal; piped, `plain` text."""
+    stream = sys.stderr if err else sys.stdout
+    if stream.isatty():
+        Console(highlight=False, stderr=err).print(renderable)
     else:
-        write(plain(renderable))
+        stream.write(plain(renderable))
+        stream.flush()
 
 
 def plain(renderable: Any) -> str:

@@ -133,12 +133,14 @@ class LiveAnswer:
                     finished.append(self.line)
                     self.line = Text()
                 self.line.append(rest, style)
-        for line in finished:  # printed above the live region, for good
-            self.console.print(line, soft_wrap=True)
+        # printed above the live region, for good, wrapped at words as the live region
+        # wraps them (one long line left to the terminal splits words at its edge)
+        for line in finished:
+            self.console.print(line)
 
     def close(self, stats: GenStats | None) -> None:
         self.live.stop()
-        self.console.print(self.line, soft_wrap=True)
+        self.console.print(self.line)
         if stats is not None:
             self.console.print(status_panel(stats, self.speedup(stats)))
 

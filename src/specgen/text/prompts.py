@@ -1,11 +1,13 @@
 """Prompt files, read one way for every command (generate, calibrate, train, bench suites).
 
 `.txt`: one prompt per line. `.jsonl`: one JSON object per line, the prompt in `prompt` or
-the first of `turns` (Spec-Bench's `question.jsonl` works as is), with an optional
-`category`. Files are read as bytes and decoded line by line, so a bad byte or line is
-reported with its number instead of a traceback. Blank lines are skipped. `generate`
-answers a file's good lines and reports each bad one in its place; the commands that
-train or measure on a file (calibrate, train, bench) stop at its first bad line.
+`turns` (Spec-Bench's `question.jsonl` works as is), with an optional `category`. A line
+of several `turns` keeps them all (`PromptLine.turns`): `generate` answers them as one
+conversation, as `bench --turns all` does; the other commands that measure or train on
+prompts take the first. Files are read as bytes and decoded line by line, so a bad byte or
+line is reported with its number instead of a traceback. Blank lines are skipped.
+`generate` answers a file's good lines and reports each bad one in its place; the commands
+that train or measure on a file (calibrate, train, bench) stop at its first bad line.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class PromptLine:
     category: str | None  # a .jsonl line's `category`
     number: int  # its line in the file
     error: str | None = None  # why the line is unusable (read with `keep_bad` only)
-    turns: tuple[str, ...] = ()  # a .jsonl line's `turns` (a conversation's user turns)
+    turns: tuple[str, ...] = ()  # a .jsonl line's `turns`, when it has more than one
 
 
 def read_prompts(
@@ -92,12 +94,14 @@ def _parse_line(
         expected = repr(field) if field else "'prompt' or 'turns'"
         raise PromptError(f"{label}: line {number} has no prompt text (expected {expected})")
     category = row.get("category")
-    turns = row.get("turns") if field is None else None
-    if isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns):
-        later = tuple(turns)
+    turns = row.get("turns") if not field and row.get("prompt") is None else None
+    if isinstance(turns, list) and len(turns) > 1:
+        if not all(isinstance(t, str) and t.strip() for t in turns):
+            raise PromptError(f"{label}: line {number} has a turn that is not text")
+        turns = tuple(turns)
     else:
-        later = (text,)
-    return PromptLine(text, None if category is None else str(category), number, turns=later)
+        turns = ()
+    return PromptLine(text, None if category is None else str(category), number, turns=turns)
 
 
 def prompt_text(row: dict, field: str | None = None) -> str | None:

@@ -83,6 +83,8 @@ class DrafterTraining(ABC):
 def training_of(name: str) -> DrafterTraining:
     """The training hooks of the registered method `name` (`specgen.methods` registers
     them when imported); a clear error for a method that cannot be trained."""
+    if not DRAFTERS:  # a caller that skipped the import that registers them: a bug
+        raise RuntimeError("no drafter method is registered: import specgen.methods first")
     cls = DRAFTERS.get(name)
     hooks = None if cls is None else cls.training
     if hooks is None:

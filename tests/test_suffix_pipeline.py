@@ -68,11 +68,22 @@ def test_bench_repeats_of_a_prompt_draft_from_the_same_store(base):
 
 @pytest.mark.statistical
 @pytest.mark.parametrize("policy", ["full", "cost"])
-def test_sampling_through_suffix_has_the_target_distribution(base, tiny_qwen3_deep, policy):
-    """The 5th answer token over 1500 seeds, against the exact distribution (top-k 2 makes
-    16 paths to it). The store fills with the earlier samples, so later drafts come from
-    it as well as from the repetitive prompt; each is a point mass fixed before verifying."""
+def test_sampling_through_suffix_has_the_target_distribution(
+    base, tiny_qwen3_deep, policy, monkeypatch
+):
+    """The 5th answer token over 1500 samples, against the exact distribution (top-k 2
+    makes 16 paths to it). The store fills with the earlier samples, so later drafts come
+    from it as well as from the repetitive prompt; each is a point mass fixed before
+    verifying. The answers are unseeded (a seeded one never reads the store), their
+    generators seeded in turn through the entropy they draw, so the test repeats."""
+    from types import SimpleNamespace
+
+    from specgen.verify import sampling as sampling_module
     from support.statistics import chi_square_pvalue, exact_token_distribution
+
+    seeds = iter(range(10**9))
+    entropy = SimpleNamespace(urandom=lambda n: next(seeds).to_bytes(n, "little"))
+    monkeypatch.setattr(sampling_module, "os", entropy)
 
     costs = CostTable(contexts=(1,), seconds=(tuple(1.0 + 0.02 * n for n in range(33)),),
                       drafts={"suffix": (0.0,)})  # fmt: skip
@@ -86,9 +97,8 @@ def test_sampling_through_suffix_has_the_target_distribution(base, tiny_qwen3_de
     exact = exact_token_distribution(target, prompt, params, 4).float()
     counts = torch.zeros(TINY_VOCAB)
     session, n, verified = suffix.new_session(), 1500, 0
-    for seed in range(n):
-        sampling = SamplingParams(temperature=1.0, top_k=2, seed=seed)
-        out = suffix.generate(TEXT, raw=True, sampling=sampling, max_new_tokens=6, session=session)
+    for _ in range(n):
+        out = suffix.generate(TEXT, raw=True, sampling=params, max_new_tokens=6, session=session)
         counts[out.token_ids[4]] += 1
         verified += out.stats.verified
     assert verified > n // 2 and sum(store_hits) > n // 4  # drafts verified, many from the store

@@ -75,15 +75,10 @@ def test_sampling_through_suffix_has_the_target_distribution(
     makes 16 paths to it). The store fills with the earlier samples, so later drafts come
     from it as well as from the repetitive prompt; each is a point mass fixed before
     verifying. The answers are unseeded (a seeded one never reads the store), their
-    generators seeded in turn through the entropy they draw, so the test repeats."""
-    from types import SimpleNamespace
+    generators seeded in turn so the test repeats."""
+    from support.statistics import chi_square_pvalue, entropy_in_turn, exact_token_distribution
 
-    from specgen.verify import sampling as sampling_module
-    from support.statistics import chi_square_pvalue, exact_token_distribution
-
-    seeds = iter(range(10**9))
-    entropy = SimpleNamespace(urandom=lambda n: next(seeds).to_bytes(n, "little"))
-    monkeypatch.setattr(sampling_module, "os", entropy)
+    entropy_in_turn(monkeypatch)
 
     costs = CostTable(contexts=(1,), seconds=(tuple(1.0 + 0.02 * n for n in range(33)),),
                       drafts={"suffix": (0.0,)})  # fmt: skip

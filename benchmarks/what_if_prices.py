@@ -13,7 +13,7 @@ decisions made for another machine's) and are not reported.
 Prices are ratios to one plain decoding step:
 
     verify n drafts:  1 + SLOPE * n            (a forward over 1 + n tokens)
-    draft (any length): DFLASH / DSPARK
+    draft (any length): DFLASH / DSPARK; a copy drafter's (ngram, suffix): COPY
 
 The default, `h200-qwen3-8b`, is what benchmarks/results/gpu-h200-2026-11-30b/shapes.txt
 measured on an H200 at Qwen3-8B shapes, context 512 (graphed verify of 16 tokens 1.18x AR,
@@ -32,7 +32,14 @@ import argparse
 PRESETS = {
     # slope per verified draft, DFlash draft, DSpark draft (ratios to an AR step)
     "h200-qwen3-8b": (0.18 / 15, 0.25, 0.29),
+    # this 2-core CPU when quiet (docs/results.md: verifying 1 to 8 drafts 1.2x to 2.6x a
+    # step, a DFlash draft 0.5x, DSpark's 0.55x after its Markov rows were kept)
+    "cpu-2core-quiet": (0.2, 0.5, 0.55),
+    # the same with extra rows as cheap as issue 44 aims for (research/wave4: a block of 8
+    # rows near 1.3 steps with int8 activations): an assumption until it lands
+    "cpu-int8-rows": (0.04, 0.5, 0.55),
 }
+COPY = 0.005  # a lookup (~0.1 ms measured) against a ~10 ms step
 
 
 def priced_pipelines(pipes: dict, slope: float, drafts: dict) -> dict:
@@ -40,9 +47,11 @@ def priced_pipelines(pipes: dict, slope: float, drafts: dict) -> dict:
     this machine's measured plain step, so modeled tok/s keep plausible units)."""
     from specgen.scheduling.cost import CostTable
 
-    measured = next(p.costs for p in pipes.values() if getattr(p, "costs", None))
+    tables = [p.costs for p in pipes.values() if getattr(p, "costs", None)]
+    measured = tables[0]
     step = measured.seconds[0][0]
-    verify = tuple(step * (1 + slope * n) for n in range(measured.max_drafts + 1))
+    longest = max(t.max_drafts for t in tables)  # suffix drafts up to 32
+    verify = tuple(step * (1 + slope * n) for n in range(longest + 1))
     # a ratio, or ratios per draft length (a chain drafter's time grows with k)
     per_length = {n: d if isinstance(d, tuple) else (d,) for n, d in drafts.items()}
     table = CostTable(
@@ -62,6 +71,7 @@ def priced_pipelines(pipes: dict, slope: float, drafts: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="builtin")
+    parser.add_argument("--turns", default="first", help="first, or all (conversations)")
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--methods", default="dflash,dspark,stacked")
@@ -75,6 +85,8 @@ def main() -> None:
     drafts = {
         "dflash": dflash if args.dflash is None else args.dflash,
         "dspark": dspark if args.dspark is None else args.dspark,
+        "ngram": COPY,
+        "suffix": COPY,
     }
 
     from specgen.bench.harness import run_bench
@@ -87,7 +99,7 @@ def main() -> None:
     from specgen.terminal import display
 
     quiet_libraries()
-    prompts = load_suite(args.suite, args.num_prompts)
+    prompts = load_suite(args.suite, args.num_prompts, args.turns)
     names = ",".join(["ar", *args.methods.split(",")])
     pipes = _pipelines(Run(device="cpu", dtype="float32", quiet=True), names, [])
     pipes = priced_pipelines(pipes, slope, drafts)
@@ -98,6 +110,7 @@ def main() -> None:
         "what_if": {"slope": slope, "draft_over_ar": drafts, "preset": args.preset},
         "model": "smollm2-135m",
         "suite": args.suite,
+        "turns": args.turns,
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
     }

@@ -468,6 +468,8 @@ def test_a_server_that_wants_a_key(server):
 class _Stub:
     """An endpoint that answers from a list (what EndpointClient.chat returns)."""
 
+    method = None  # not a specgen server's method
+
     def __init__(self, answers) -> None:
         self.answers = list(answers)
         self.asked: list[tuple] = []

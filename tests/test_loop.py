@@ -154,17 +154,18 @@ def test_a_skipping_loop_probes_at_the_scheduler_pace(model):
     assert probes[0] == 1 + PROBE_AFTER and gaps[:4] == [8, 16, 32, 64], (probes, gaps)
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_ngram_equals_ar_greedy(tiny_dirs, family):
+def test_copy_drafters_equal_ar_greedy(tiny_dirs, family, method):
     base = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32")
     for policy in ("full", "cost", "threshold=0.5"):
-        spec = SpecConfig(method="ngram", verify_policy=policy)
-        ngram = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32", spec=spec)
+        spec = SpecConfig(method=method, verify_policy=policy, draft_tokens=10)
+        pipe = Pipeline.load(str(tiny_dirs[family]), device="cpu", dtype="float32", spec=spec)
         for text in ("The quick brown fox jumps over the lazy dog. The quick brown", "def add"):
             want = base.generate(text, raw=True, max_new_tokens=40).token_ids
-            got = ngram.generate(text, raw=True, max_new_tokens=40)
+            got = pipe.generate(text, raw=True, max_new_tokens=40)
             assert got.token_ids == want
-            session = ngram.session
+            session = pipe.session
             assert session.drafter.context == session.ids  # the drafter mirrors the cache
 
 

@@ -78,6 +78,7 @@ def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
             SpecConfig(method="dflash", drafter=str(tiny_dflash)),  # scheduled verify lengths
             SpecConfig(method="dflash2", drafter=str(tiny_dflash2), verify_policy="full"),
             SpecConfig(method="ngram"),
+            SpecConfig(method="suffix"),
         ):
             got = ar.with_spec(spec).generate(prompt, max_new_tokens=32, raw=True)
             assert got.token_ids == want, (spec.method, prompt)

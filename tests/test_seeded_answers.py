@@ -24,8 +24,10 @@ def _spec(method, tiny_dflash, tiny_dspark, engine):
         "dflash": str(tiny_dflash),
         "dspark": str(tiny_dspark),
         "stacked": (str(tiny_dflash), str(tiny_dspark)),
+        "suffix": None,
+        "stacked+suffix": ("suffix", str(tiny_dflash)),
     }[method]
-    return SpecConfig(method=method, drafter=drafter, engine=engine)
+    return SpecConfig(method=method.partition("+")[0], drafter=drafter, engine=engine)
 
 
 def _priced(ar, spec):
@@ -33,21 +35,21 @@ def _priced(ar, spec):
     re-measured when the steps run 2x off them (a loaded machine), and new prices change
     the scheduler's decisions, so which draws fall on which token; this test is about what
     the scheduler learns, not about timing."""
-    steps = tuple(1.0 + 0.01 * n for n in range(17))
-    drafts = {name: (0.1,) for name in ("dflash", "dspark")}  # with_spec keeps those mounted
+    steps = tuple(1.0 + 0.01 * n for n in range(33))
+    drafts = {"dflash": (0.1,), "dspark": (0.1,), "suffix": (0.0,)}  # with_spec keeps the mounted
     table = CostTable(contexts=(1,), seconds=(steps,), drafts=drafts)
     return ar.with_spec(spec, costs=table)
 
 
 @pytest.mark.parametrize("engine", ["sync", "overlap"])
-@pytest.mark.parametrize("method", ["dflash", "dspark", "stacked"])
+@pytest.mark.parametrize("method", ["dflash", "dspark", "stacked", "suffix", "stacked+suffix"])
 def test_a_seeded_prompt_asked_again_gives_the_same_answer(
     ar, tiny_dflash, tiny_dspark, method, engine
 ):
     pipe = _priced(ar, _spec(method, tiny_dflash, tiny_dspark, engine))
     first = pipe.generate("The quick brown fox", sampling=SEEDED, max_new_tokens=24)
-    # the scheduler has now learnt this drafter's (poor) acceptance, and stacked's selector
-    # its history; neither may change the next seeded answer
+    # the scheduler has now learnt this drafter's (poor) acceptance, stacked's selector its
+    # history and suffix's store the answer itself; none may change the next seeded answer
     pipe.generate("one two one two one two", sampling=SEEDED, max_new_tokens=24)
     again = pipe.generate("The quick brown fox", sampling=SEEDED, max_new_tokens=24)
     assert again.token_ids == first.token_ids

@@ -154,12 +154,15 @@ def test_two_drafters_of_one_kind_are_named_apart(ar, tiny_dflash, tmp_path):
         assert pipe.generate(prompt, max_new_tokens=30).token_ids == want
 
 
-def test_registry_stacks_every_drafter_of_an_entry():
+def test_registry_stacks_every_drafter_of_an_entry_and_the_copy_drafter():
     qwen = MODELS["qwen3-4b"].drafters
-    assert StackedMethod.registry_drafter(qwen) == (qwen["dflash"], qwen["dspark"], qwen["eagle3"])
+    want = (qwen["dflash"], qwen["dspark"], qwen["eagle3"], "suffix")
+    assert StackedMethod.registry_drafter(qwen) == want
     llama = MODELS["llama3.1-8b"].drafters
-    assert StackedMethod.registry_drafter(llama) == (llama["dflash"], llama["eagle3"])
-    assert StackedMethod.registry_drafter(MODELS["qwen3.5-4b"].drafters) is None  # one only
+    assert StackedMethod.registry_drafter(llama) == (llama["dflash"], llama["eagle3"], "suffix")
+    one = MODELS["qwen3.5-4b"].drafters  # one learned drafter: stacked with suffix
+    assert StackedMethod.registry_drafter(one) == (*one.values(), "suffix")
+    assert StackedMethod.registry_drafter({}) is None
 
 
 def test_bad_sets_are_refused(ar, drafters, tiny_qwen3_deep, tmp_path):

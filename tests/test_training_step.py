@@ -125,3 +125,49 @@ def test_drafter_layers_start_as_the_targets_next_layers(tiny_dirs, family):
     h = target.args.hidden_size
     torch.testing.assert_close(net.fc[:, :h], torch.eye(h))  # the top tap passes through
     torch.testing.assert_close(net.norm, target.norm)
+
+
+@pytest.mark.slow
+def test_a_run_in_sessions_is_the_run_at_once(tiny_qwen3_deep, tiny_answers, tmp_path):
+    """`session_minutes` ends a process early (0: after one step), its state saved and an
+    unfinished drafter written; resumed session after session, a step-bounded run takes
+    the same steps as one uninterrupted run, bit for bit."""
+    import json
+    from dataclasses import replace
+
+    from specgen.training.loop import TrainConfig, load_sequences, train
+    from specgen.training.state import load_state
+
+    target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    data = load_sequences(tiny_answers)
+    cfg = TrainConfig(kind="dflash", block_size=4, target_layers=(1, 3), mask_token_id=319,
+                      steps=4, warmup=2, lr=3e-3, eval_minutes=0)  # fmt: skip
+    config = read_config(tiny_qwen3_deep, "t")
+    whole = train(target, config, data, cfg, tmp_path / "whole")
+    assert whole["finished"] and whole["steps"] == 4
+    for n in range(1, 5):
+        part = train(target, config, data, replace(cfg, session_minutes=0), tmp_path / "s",
+                     resume=True)  # fmt: skip
+        assert (part["steps"], part["finished"]) == (n, n == 4)
+    a = load_state(tmp_path / "whole" / "state.safetensors")["net"]
+    b = load_state(tmp_path / "s" / "state.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b["net"][name]), name
+    # answers that came since do not change the rows the run drafts from
+    more = [*data, Sequence([1, 2, 3, 300, 301, 302], 3)]
+    train(target, config, more, cfg, tmp_path / "s", resume=True)
+    written = json.loads((tmp_path / "s" / "draft_vocab.json").read_text())["token_ids"]
+    assert written == b["vocab"] == sorted({t for s in data for t in s.ids})
+
+
+def test_a_draft_vocabulary_keeps_the_answers_most_frequent_tokens(tiny_qwen3_deep):
+    from specgen.training.trainer import Vocab
+
+    target = load_target(tiny_qwen3_deep, dtype=torch.float32, device="cpu")
+    # answers (after the 2-token prompts): 7 three times, 9 twice, 5 once; 3 only in prompts
+    data = [Sequence([3, 3, 7, 9, 7], 2), Sequence([3, 5, 7, 9, 5], 2)]
+    assert Vocab.of(target, data).ids.tolist() == [3, 5, 7, 9]
+    top = Vocab.of(target, data, limit=2)
+    assert top.ids.tolist() == [7, 9]
+    assert top.targets(torch.tensor([7, 5, 9, -1])).tolist() == [0, -1, 1, -1]  # 5: no row
+    torch.testing.assert_close(top.head, target.lm_head.lookup(torch.tensor([7, 9])))

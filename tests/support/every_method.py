@@ -24,8 +24,8 @@ def pipes(tiny_qwen3_deep, tiny_dflash, tiny_dspark, tmp_path_factory):
     """AR and every method on the deep tiny Qwen3, every draft verified whole."""
     eagle3 = save_eagle3(tmp_path_factory.mktemp("every") / "eagle3", "specforge", taps=[1, 3, 5])
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
-    drafters = {"ngram": None, "dflash": str(tiny_dflash), "dspark": str(tiny_dspark),
-                "eagle3": str(eagle3),
+    drafters = {"ngram": None, "suffix": None, "dflash": str(tiny_dflash),
+                "dspark": str(tiny_dspark), "eagle3": str(eagle3),
                 "stacked": (str(tiny_dflash), str(tiny_dspark), str(eagle3))}  # fmt: skip
     out = {"ar": ar}
     for method, drafter in drafters.items():

@@ -69,3 +69,17 @@ def exact_token_distribution(target, prompt, params, position):
         nz = p.nonzero()
         weights = weights[nz[:, 0]] * p[nz[:, 0], nz[:, 1]]
         paths = [paths[i] + [t] for i, t in nz.tolist()]
+
+
+def entropy_in_turn(monkeypatch) -> None:
+    """Unseeded answers' generators seeded 0, 1, 2, ... through the entropy they draw
+    (verify/sampling.py), so a test of unseeded answers repeats. Unseeded, not seeded: a
+    seeded answer drafts from its own conversation only (no suffix store, no scheduler
+    learnt from earlier answers), and these tests need what earlier answers taught."""
+    from types import SimpleNamespace
+
+    from specgen.verify import sampling
+
+    seeds = iter(range(2**62))
+    entropy = SimpleNamespace(urandom=lambda n: next(seeds).to_bytes(n, "little"))
+    monkeypatch.setattr(sampling, "os", entropy)

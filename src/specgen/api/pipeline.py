@@ -279,13 +279,16 @@ class Pipeline:
         ignore_eos: bool = False,
         constraint: Constraint | None = None,
         cancel: Callable[[], bool] | None = None,
+        remember: bool = True,
     ) -> Iterator[Chunk]:
         """`ignore_eos`: stop tokens do not end the answer (vLLM's field; load testers ask
         for exactly `max_new_tokens`); the context filling up still does. `constraint`:
         what the answer may say, applied to every row the target scores (every method
         stays exactly constrained AR: verify/constraint.py). `cancel`: asked between
         prefill chunks; when it returns True, `Cancelled` is raised and the session keeps
-        the chunks done (engine/prefill.py)."""
+        the chunks done (engine/prefill.py). `remember`: the drafter may keep the answer
+        for later ones (suffix's store); off, the next answer drafts as if this one had not
+        been given (a bench's repeats of one prompt)."""
         checked_max_new_tokens(max_new_tokens)
         session = session or self.session
         new_ids = session.prepare(prompt_ids)
@@ -319,6 +322,8 @@ class Pipeline:
             events.close()  # the overlap engine's thread is done after this
             session.settle(prompt_ids + output)
             self.schedulers.finished(session.scheduler)
+            if session.drafter is not None and remember:
+                session.drafter.answered(prompt_ids, output)
         if self._watch is not None:  # an answer that ran to its end: its steps judge costs
             self._watch.after(stats, self.schedulers, session.scheduler)
 

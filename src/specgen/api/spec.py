@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from specgen.core.config import SpecConfig
+from specgen.core.config import AR, SpecConfig
 from specgen.core.errors import CheckpointError, SpecgenError
-from specgen.drafting import Checkpoint, DraftMethod, method_of
+from specgen.drafting import Checkpoint, DraftMethod, checkpoint_free, method_of
 from specgen.hub import Notify, packaged_drafters, resolve_drafter
 from specgen.methods import METHODS, registered
 from specgen.models.transformer import Transformer
@@ -28,6 +28,12 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
         if not fits:
             raise SpecgenError(f"no method mounts {len(spec.drafter)} drafters")
         spec = replace(spec, method=fits[0])
+    elif (
+        isinstance(spec.drafter, str)
+        and spec.method in (AR, spec.drafter)
+        and (checkpoint_free(spec.drafter))
+    ):  # `--drafter suffix`: the method of that name, which loads nothing
+        spec = replace(spec, method=spec.drafter, drafter=None)
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
         drafter_dir = resolve_drafter(spec.drafter)
         spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
@@ -87,8 +93,10 @@ def load_method(
 ) -> DraftMethod:
     """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
     found = dict(spec.resolved)
-    checkpoints = [
-        Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s) for s in _sources(spec)
+    checkpoints = [  # a method named instead of a checkpoint is mounted by its name (stacked)
+        Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s)
+        for s in _sources(spec)
+        if not checkpoint_free(s)
     ]
     drafters = registered()
     if drafters[spec.method].drafters_needed == 1:

@@ -60,10 +60,13 @@ class EndpointClient:
         name: str | None = None,
         model: str | None = None,
         api_key: str | None = None,
+        method: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = base_url(url)
         self.api_key = api_key or None
+        # a method of a specgen server (its "specgen": {"method": ...} field; None: its own)
+        self.method = method
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             headers=headers,
@@ -112,17 +115,19 @@ class EndpointClient:
 
     def chat(
         self,
-        text: str,
+        prompt: str | list[dict[str, str]],
         *,
         max_tokens: int,
         sampling: SamplingParams,
         think: bool | None = None,
     ) -> Answer:
-        """One user message, streamed, timed from the moment the request is sent."""
+        """One user message (or a conversation's messages), streamed, timed from the
+        moment the request is sent."""
         where = f"{self.url}/chat/completions"
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         body: dict[str, Any] = {
             "model": self.endpoint.model,
-            "messages": [{"role": "user", "content": text}],
+            "messages": messages,
             "max_tokens": max_tokens,
             "temperature": sampling.temperature,
             "stream": True,
@@ -136,6 +141,8 @@ class EndpointClient:
             body["seed"] = sampling.seed
         if think is not None:  # vLLM's convention, which SGLang and llama-server share
             body["chat_template_kwargs"] = {"enable_thinking": think}
+        if self.method is not None:
+            body["specgen"] = {"method": self.method}
         with _translated(where):
             start = time.perf_counter()
             with self._http.stream("POST", where, json=body) as response:

@@ -16,6 +16,13 @@ Endpoints (bench/endpoint.py) take their turn in the same rotation, one streamed
 per prompt and repeat, as one more "method" each. At temperature 0 their answers are
 compared with AR's too: by token ids where the server sends them, else by text (the
 divergent position is then AR's first token whose text the server's answer leaves).
+Without a local AR, an endpoint asked for specgen's `ar` method is the baseline.
+
+A conversation (a suite's prompt with several user turns, `--turns all`) is answered turn
+by turn, each turn asked with the conversation so far: the user turns and the method's
+own earlier answers. Locally one session holds it (its cached prefix reused, as `chat`
+and `serve` reuse it); each repeat of a turn starts from where the turn started. Every
+turn is one timed run, compared with AR's same turn.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ class PromptRun:
     text: str = ""  # the answer's text as streamed
     remote: bool = False  # an endpoint's answer: `stats` holds only what the server said
     served: ServedStats | None = None  # an endpoint's speculative statistics, if it sent any
+    turn: int = 0  # its user turn, in a conversation
+    prompt_ids: list[int] = field(default_factory=list)  # what a local run was asked
 
 
 @dataclass
@@ -62,7 +71,9 @@ class Divergence:
     category: str
     prompt: int
     position: int  # first answer token that differs from AR's
-    margin: float  # the target's top-1 minus top-2 logit there (AR's context)
+    margin: float | None  # the target's top-1 minus top-2 logit there (AR's context;
+    # None where no local AR ran)
+    turn: int = 0
 
 
 @dataclass
@@ -72,6 +83,7 @@ class BenchRun:
     compared: dict[str, int] = field(default_factory=dict)  # greedy answers compared with AR
     identical: dict[str, int] = field(default_factory=dict)
     memory_bytes: dict[str, int] = field(default_factory=dict)
+    baseline: str | None = None  # what speedups divide by: AR, or an endpoint's `ar`
 
 
 def run_bench(
@@ -107,33 +119,41 @@ def run_bench(
         else:
             pipe.generate("Hello", max_new_tokens=8, session=fresh(pipe))
     # (endpoints were warmed up when they were probed)
-    ids = [ar.encode(p.text, think=think) for p in prompts] if ar is not None else []
     # what the endpoints are asked for: the mode the local target's prompts were built in
     served_think = think if think is not None or ar is None else ar.thinking
+    baseline = (
+        AR if ar is not None else next((n for n, c in endpoints.items() if c.method == AR), None)
+    )
+    result.baseline = baseline
     for i, prompt in enumerate(prompts):
         order = names if i % 2 == 0 else names[::-1]
-        answers: dict[str, PromptRun] = {}
+        answers: dict[str, list[PromptRun]] = {}
         for name in order:
             if name in endpoints:
-                run = _ask(
+                runs = _ask(
                     endpoints[name], name, prompt, i, max_new_tokens, sampling, repeats,
                     served_think,
                 )  # fmt: skip
             else:
-                run = _run_one(
-                    pipes[name], name, prompt, i, ids[i], max_new_tokens, sampling, repeats, fresh
-                )
-                if prices is not None and run.stats.shapes:
-                    run.modeled = modeled(run.stats.shapes, prices)
+                runs = _run_one(
+                    pipes[name], name, prompt, i, max_new_tokens, sampling, repeats, fresh,
+                    ar, think,
+                )  # fmt: skip
+                for run in runs:
+                    if prices is not None and run.stats.shapes:
+                        run.modeled = modeled(run.stats.shapes, prices)
                 result.memory_bytes[name] = max(
                     result.memory_bytes.get(name, 0), _memory(pipes[name])
                 )
-            result.runs.append(run)
-            answers[name] = run
+            result.runs.extend(runs)
+            answers[name] = runs
             if progress:
-                progress(f"{name} · {prompt.category} {i + 1}/{len(prompts)}")
-        if sampling.greedy and ar is not None:
-            _compare(result, ar, prompt, i, ids[i], answers)
+                for _ in runs:
+                    progress(f"{name} · {prompt.category} {i + 1}/{len(prompts)}")
+        if sampling.greedy and baseline is not None:
+            for turn in range(len(prompt.turns)):
+                at = {n: runs[turn] for n, runs in answers.items() if turn < len(runs)}
+                _compare(result, ar, baseline, prompt, i, turn, at)
     return result
 
 
@@ -159,14 +179,42 @@ def _run_one(
     name: str,
     prompt: BenchPrompt,
     index: int,
-    ids: list[int],
     max_new_tokens: int,
     sampling: SamplingParams,
     repeats: int,
     fresh: _FreshSessions,
+    ar: Pipeline,
+    think: bool | None,
+) -> list[PromptRun]:
+    """One run per user turn of `prompt` (one, unless it is a conversation), each prompt
+    built by AR's pipeline (one tokenizer and template for every method)."""
+    runs: list[PromptRun] = []
+    history: list[dict[str, str]] = []
+    session = None if isinstance(pipe, TransformersBaseline) else fresh(pipe)
+    for turn, user in enumerate(prompt.turns):
+        history.append({"role": "user", "content": user})
+        ids = ar.encode(list(history) if turn else user, think=think)
+        run = _run_turn(pipe, name, prompt, index, ids, max_new_tokens, sampling, repeats, session)
+        run.turn, run.prompt_ids = turn, ids
+        runs.append(run)
+        history.append({"role": "assistant", "content": run.text or ar.codec.decode(run.tokens)})
+    return runs
+
+
+def _run_turn(
+    pipe: Pipeline | TransformersBaseline,
+    name: str,
+    prompt: BenchPrompt,
+    index: int,
+    ids: list[int],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    repeats: int,
+    session: Session | None,
 ) -> PromptRun:
     times, ttfts, first = [], [], None
-    for _ in range(repeats):
+    start = list(session.ids) if session is not None else []
+    for repeat in range(repeats):
         if pipe.model.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipe.model.device)
         tokens: list[int] = []
@@ -175,9 +223,14 @@ def _run_one(
         if isinstance(pipe, TransformersBaseline):
             tokens, stats = pipe.run(ids, max_new_tokens, sampling)
         else:
+            assert session is not None
+            session.settle(start)  # each repeat from where the turn started
+            # every repeat drafts from what the earlier prompts left (suffix's store):
+            # only the last one leaves its answer there
             chunks = pipe.stream_ids(
-                ids, sampling=sampling, max_new_tokens=max_new_tokens, session=fresh(pipe)
-            )
+                ids, sampling=sampling, max_new_tokens=max_new_tokens, session=session,
+                remember=repeat == repeats - 1,
+            )  # fmt: skip
             for chunk in chunks:
                 tokens.extend(chunk.token_ids)
                 text.append(chunk.text)
@@ -208,66 +261,88 @@ def _ask(
     sampling: SamplingParams,
     repeats: int,
     think: bool | None,
-) -> PromptRun:
-    """The prompt as one chat request to an endpoint, `repeats` times (median times)."""
-    answers = [
-        client.chat(prompt.text, max_tokens=max_new_tokens, sampling=sampling, think=think)
-        for _ in range(repeats)
-    ]
-    first = answers[0]
-    served = first.stats
-    stats = GenStats(
-        new_tokens=first.tokens,
-        steps=(served.steps or 0) if served else 0,
-        accepted=(served.accepted or 0) if served else 0,
-        verified=(served.drafted or 0) if served else 0,
-        seconds=first.seconds,
-        ttft_seconds=first.ttft_seconds,
-        finish_reason=first.finish_reason,
-        method=name,
-    )
-    ttfts = [a.ttft_seconds for a in answers if a.ttft_seconds is not None]
-    return PromptRun(
-        method=name,
-        category=prompt.category,
-        prompt=index,
-        tokens=list(first.token_ids or []),
-        seconds=statistics.median(a.seconds for a in answers),
-        ttft_seconds=statistics.median(ttfts) if ttfts else 0.0,
-        stats=stats,
-        text=first.text,
-        remote=True,
-        served=served,
-    )
+) -> list[PromptRun]:
+    """Each user turn of `prompt` as one chat request (the conversation so far, with the
+    endpoint's own earlier answers) to an endpoint, `repeats` times (median times)."""
+    runs: list[PromptRun] = []
+    history: list[dict[str, str]] = []
+    for turn, user in enumerate(prompt.turns):
+        history.append({"role": "user", "content": user})
+        answers = [
+            client.chat(
+                list(history) if turn else user,
+                max_tokens=max_new_tokens,
+                sampling=sampling,
+                think=think,
+            )
+            for _ in range(repeats)
+        ]
+        first = answers[0]
+        served = first.stats
+        stats = GenStats(
+            new_tokens=first.tokens,
+            steps=(served.steps or 0) if served else 0,
+            accepted=(served.accepted or 0) if served else 0,
+            verified=(served.drafted or 0) if served else 0,
+            seconds=first.seconds,
+            ttft_seconds=first.ttft_seconds,
+            finish_reason=first.finish_reason,
+            method=name,
+        )
+        ttfts = [a.ttft_seconds for a in answers if a.ttft_seconds is not None]
+        runs.append(PromptRun(
+            method=name,
+            category=prompt.category,
+            prompt=index,
+            tokens=list(first.token_ids or []),
+            seconds=statistics.median(a.seconds for a in answers),
+            ttft_seconds=statistics.median(ttfts) if ttfts else 0.0,
+            stats=stats,
+            text=first.text,
+            remote=True,
+            served=served,
+            turn=turn,
+        ))  # fmt: skip
+        history.append({"role": "assistant", "content": first.text})
+    return runs
 
 
 def _compare(
     result: BenchRun,
-    ar: Pipeline,
+    ar: Pipeline | None,
+    baseline: str,
     prompt: BenchPrompt,
     index: int,
-    ids: list[int],
+    turn: int,
     answers: dict[str, PromptRun],
 ) -> None:
-    want = answers[AR].tokens
+    """Each answer against the baseline's (AR's) to the same turn. Where a local AR ran,
+    a divergence's position is in its tokens and its margin is the target's there."""
+    if baseline not in answers:
+        return
+    base = answers[baseline]
+    want = base.tokens
     for name, run in answers.items():
-        if name == AR:
+        if name == baseline:
             continue
         result.compared[name] = result.compared.get(name, 0) + 1
+        by_tokens = bool(run.tokens and want) or not (run.remote or base.remote)
+        if (run.tokens == want) if by_tokens else (run.text == base.text):
+            result.identical[name] = result.identical.get(name, 0) + 1
+            continue
+        if ar is None:  # endpoints alone: the first character that differs
+            pairs = enumerate(zip(run.text, base.text, strict=False))
+            pos = next((j for j, (a, b) in pairs if a != b), min(len(run.text), len(base.text)))
+            result.divergences.append(Divergence(name, prompt.category, index, pos, None, turn))
+            continue
         if run.remote and not run.tokens:  # no token ids from this server: its text
-            if run.text == answers[AR].text:
-                result.identical[name] = result.identical.get(name, 0) + 1
-                continue
             pos = _text_divergence(ar, want, run.text)
         else:
             got = run.tokens
-            if got == want:
-                result.identical[name] = result.identical.get(name, 0) + 1
-                continue
             pos = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
             pos = min(len(got), len(want)) if pos is None else pos
-        margin = _margin(ar, ids + want[:pos])
-        result.divergences.append(Divergence(name, prompt.category, index, pos, margin))
+        margin = _margin(ar, base.prompt_ids + want[:pos])
+        result.divergences.append(Divergence(name, prompt.category, index, pos, margin, turn))
 
 
 def _text_divergence(ar: Pipeline, want: list[int], got: str) -> int:

@@ -14,7 +14,8 @@ An endpoint's rows (bench/endpoint.py) hold what the client measured (tokens/s f
 server's completion tokens and the client's clock, TTFT to the first content chunk) and
 what the server said: τ, steps, drafts and the histogram where it reports them (None
 where it does not; `tau_source` says whether τ was reported or derived from its counts).
-Its speedup is over the local AR's tokens/s when AR ran in the same bench, else None.
+Its speedup is over the local AR's tokens/s when AR ran in the same bench, else over the
+endpoint asked for specgen's `ar` method (`baseline`), else None.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def _at(values: list[int], k: int) -> int:
 def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
     """Everything the bench measured, as one JSON-able dict."""
     methods = list(dict.fromkeys(r.method for r in run.runs))
+    baseline = run.baseline or AR
     categories = list(dict.fromkeys(r.category for r in run.runs))
     results: dict[str, dict[str, Any]] = {}
     for m in methods:
@@ -138,7 +140,7 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
             results[m][c] = _aggregate(picked)
     for m in methods:
         for c, row in results[m].items():
-            ar = results.get(AR, {}).get(c, {})  # endpoints alone: no baseline, no speedup
+            ar = results.get(baseline, {}).get(c, {})  # none: no speedup
             base = ar.get("tokens_per_second")
             row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
             rate, base = row["modeled_tokens_per_second"], ar.get("modeled_tokens_per_second")
@@ -154,8 +156,9 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
                     {
                         "category": d.category,
                         "prompt": d.prompt,
+                        "turn": d.turn,
                         "position": d.position,
-                        "margin": round(d.margin, 5),
+                        "margin": None if d.margin is None else round(d.margin, 5),
                     }
                     for d in run.divergences
                     if d.method == m
@@ -166,6 +169,7 @@ def summarize(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
     return {
         **meta,
         "methods": methods,
+        "baseline": baseline if baseline in methods else None,
         "categories": categories,
         "tau_includes_bonus": True,
         "results": results,
@@ -204,7 +208,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         for c in [*summary["categories"], ALL]:
             row = summary["results"][m][c]
             same = "-"
-            if m != AR and m in lossless:
+            if m != summary.get("baseline", AR) and m in lossless:
                 bad = [d for d in lossless[m]["divergences"] if c in (ALL, d["category"])]
                 same = f"{row['prompts'] - len(bad)}/{row['prompts']}"
             table.add_row(
@@ -232,7 +236,7 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
     histogram, one line each."""
     lines = []
     for m in summary["methods"]:
-        if m == AR:
+        if m == summary.get("baseline", AR):
             continue
         row = summary["results"][m][ALL]
         if "tau_source" in row:  # an endpoint: what its server said
@@ -254,12 +258,13 @@ def acceptance_lines(summary: dict[str, Any]) -> list[str]:
 def plot(summary: dict[str, Any], path: str) -> None:
     """Speedup and τ per category, and the tokens-per-step histogram, as a PNG."""
     plt = pyplot()
-    methods = [m for m in summary["methods"] if m != AR] or [AR]
+    baseline = summary.get("baseline", AR if AR in summary["methods"] else None)
+    methods = [m for m in summary["methods"] if m != baseline] or summary["methods"][:1]
     cats = [*summary["categories"], ALL]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     width = 0.8 / len(methods)
-    # endpoints alone have no AR to divide by: their tokens/s instead
-    key, first = ("speedup", "speedup vs AR") if AR in summary["methods"] else (
+    # endpoints alone, none of them AR, have nothing to divide by: their tokens/s instead
+    key, first = ("speedup", f"speedup vs {baseline}") if baseline else (
         "tokens_per_second", "tokens/s")  # fmt: skip
     for i, m in enumerate(methods):
         xs = [j + i * width for j in range(len(cats))]

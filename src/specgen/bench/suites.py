@@ -2,8 +2,9 @@
 
 - `builtin`: 42 short prompts written for specgen, 7 each of chat, code, math,
   summarization, translation and qa (`suite.jsonl` beside this file).
-- A path to a JSONL file with `turns` (a list; the first turn is used) or `prompt`, and an
-  optional `category` (Spec-Bench's `question.jsonl` works as is).
+- A path to a JSONL file with `turns` (a list; the first turn is used, or with `turns="all"`
+  every turn as one conversation) or `prompt`, and an optional `category` (Spec-Bench's
+  `question.jsonl` works as is; benchmarks/prompts/agent_suite.jsonl is a multi-turn one).
 - A named public set fetched from the Hub with huggingface_hub (`PUBLIC`); offline this
   fails with one line.
 
@@ -23,10 +24,18 @@ BUILTIN = "builtin"
 BUILTIN_FILE = Path(__file__).with_name("suite.jsonl")
 
 
+TURNS = ("first", "all")  # --turns: a conversation's first user turn, or all of them
+
+
 @dataclass(frozen=True)
 class BenchPrompt:
     category: str
-    text: str
+    text: str  # the (first) user turn
+    later: tuple[str, ...] = ()  # the user turns after it: one conversation, answered in turn
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        return (self.text, *self.later)
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,13 @@ PUBLIC = {
 }
 
 
-def load_suite(suite: str, num_prompts: int | None = None) -> list[BenchPrompt]:
-    """The prompts of `suite` (a name or a file), at most `num_prompts` of them."""
+def load_suite(
+    suite: str, num_prompts: int | None = None, turns: str = "first"
+) -> list[BenchPrompt]:
+    """The prompts of `suite` (a name or a file), at most `num_prompts` of them; `turns`
+    "all" keeps every user turn of a file's conversations (its `turns`)."""
+    if turns not in TURNS:
+        raise SpecgenError(f"--turns must be first or all (got {turns!r})")
     if suite == BUILTIN:
         prompts = _read_jsonl(BUILTIN_FILE, "builtin")
     elif suite in PUBLIC:
@@ -60,7 +74,9 @@ def load_suite(suite: str, num_prompts: int | None = None) -> list[BenchPrompt]:
         if num_prompts < 1:
             raise SpecgenError(f"--num-prompts must be at least 1 (got {num_prompts})")
         prompts = _round_robin(prompts, num_prompts)
-    return prompts
+    if turns == "first":
+        return [BenchPrompt(p.category, p.text) for p in prompts]
+    return prompts  # an empty turn was refused with its line (text/prompts.py)
 
 
 def _round_robin(prompts: list[BenchPrompt], n: int) -> list[BenchPrompt]:
@@ -83,7 +99,7 @@ def _read_jsonl(path: Path, label: str, field: str | None = None) -> list[BenchP
     for row in rows:
         if not row.text.strip():
             raise PromptError(f"{label}: line {row.number} has no prompt text")
-    return [BenchPrompt(row.category or "default", row.text) for row in rows]
+    return [BenchPrompt(row.category or "default", row.text, row.turns[1:]) for row in rows]
 
 
 def _fetch_public(name: str, spec: PublicSet) -> list[BenchPrompt]:

@@ -55,6 +55,14 @@ def bench(
         str,
         typer.Option("--suite", help="builtin, mt-bench, gsm8k, or a Spec-Bench-style .jsonl."),
     ] = "builtin",
+    turns: Annotated[
+        str,
+        typer.Option(
+            "--turns",
+            help="first: each suite line's first user turn; all: every turn, as one "
+            "conversation (each turn asked with the method's own earlier answers).",
+        ),
+    ] = "first",
     num_prompts: Annotated[
         int | None,
         typer.Option("--num-prompts", help="Prompts in total, spread over the categories."),
@@ -92,6 +100,15 @@ def bench(
             "once for every endpoint, or once per --endpoint.",
         ),
     ] = None,
+    endpoint_method: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--endpoint-method",
+            help="The method a specgen server answers with (its `specgen.method` field); "
+            "once per --endpoint. Give one URL several times with different methods to "
+            "race them on one server; its `ar` is then the baseline if no local AR runs.",
+        ),
+    ] = None,
     endpoint_name: Annotated[
         list[str] | None,
         typer.Option(
@@ -127,7 +144,7 @@ def bench(
             if not Path(plot).resolve().parent.is_dir():
                 raise SpecgenError(f"--plot {plot}: no such directory to write it in")
         sampling = run.sampling()
-        prompts = load_suite(suite, num_prompts)
+        prompts = load_suite(suite, num_prompts, turns)
         local = methods is None or methods.strip().lower() not in ("", "none")
         if not local and not endpoint:
             raise SpecgenError("--methods none runs nothing: give --endpoint URL")
@@ -136,12 +153,13 @@ def bench(
         with ExitStack() as stack:
             # probed before any model loads: a wrong URL, key or model fails now, in one line
             clients = _endpoints(
-                endpoint or [], endpoint_model or [], endpoint_name or [], api_key, run.quiet
-            )
+                endpoint or [], endpoint_model or [], endpoint_name or [], api_key, run.quiet,
+                endpoint_method or [],
+            )  # fmt: skip
             for client in clients.values():
                 stack.callback(client.close)
             pipes = _pipelines(run, methods, drafter or []) if local else {}
-            total = len(prompts) * (len(pipes) + len(clients))
+            total = sum(len(p.turns) for p in prompts) * (len(pipes) + len(clients))
             with display.progress(total, "benchmarking", disable=run.quiet) as advance:
                 result = run_bench(
                     pipes,
@@ -160,6 +178,7 @@ def bench(
             "dtype": str(ar.model.dtype).removeprefix("torch.") if ar else None,
             "suite": suite,
             "num_prompts": len(prompts),
+            "turns": turns,
             "max_new_tokens": run.max_new_tokens,
             "temperature": run.temperature,
             "repeats": repeats,
@@ -214,21 +233,32 @@ def _ar_roofline(ar, result) -> float | None:
 
 
 def _endpoints(
-    urls: list[str], models: list[str], names: list[str], api_key: str | None, quiet: bool
+    urls: list[str],
+    models: list[str],
+    names: list[str],
+    api_key: str | None,
+    quiet: bool,
+    methods: list[str] = (),
 ) -> dict[str, EndpointClient]:
     """Each --endpoint, probed (its models listed, a short warm-up answer), by its name."""
     from specgen.api.spec import METHODS
     from specgen.bench.endpoint import EndpointClient, base_url, default_name
 
-    if (models or names) and not urls:
-        raise SpecgenError("--endpoint-model and --endpoint-name need an --endpoint URL")
+    if (models or names or methods) and not urls:
+        raise SpecgenError(
+            "--endpoint-model, --endpoint-name and --endpoint-method need an --endpoint URL"
+        )
+    if methods and len(methods) != len(urls):
+        raise SpecgenError(f"{len(methods)} --endpoint-method for {len(urls)} --endpoint: one each")
     if len(models) > 1 and len(models) != len(urls):
         raise SpecgenError(
             f"{len(models)} --endpoint-model for {len(urls)} --endpoint: give one, or one each"
         )
     if names and len(names) != len(urls):
         raise SpecgenError(f"{len(names)} --endpoint-name for {len(urls)} --endpoint: one each")
-    labels = names or [default_name(base_url(url)) for url in urls]
+    asked = methods or [None] * len(urls)
+    pairs = zip(urls, asked, strict=True)
+    labels = names or [default_name(base_url(url)) + (f"/{m}" if m else "") for url, m in pairs]
     twice = next((n for n in labels if labels.count(n) > 1), None)
     if twice is not None:
         raise SpecgenError(f"two endpoints named {twice}: give each an --endpoint-name")
@@ -239,7 +269,9 @@ def _endpoints(
     try:
         for i, (url, label) in enumerate(zip(urls, labels, strict=True)):
             model = models[i] if len(models) > 1 else (models[0] if models else None)
-            client = clients[label] = EndpointClient(url, name=label, model=model, api_key=api_key)
+            client = clients[label] = EndpointClient(
+                url, name=label, model=model, api_key=api_key, method=asked[i]
+            )
             if not quiet:
                 served = client.endpoint
                 by = f" ({served.owned_by})" if served.owned_by else ""

@@ -91,6 +91,13 @@ class Run:
         "--block-size",
         help="Run a block drafter at a smaller block than trained.",
     )
+    store_mib: float | None = _shared(
+        "method",
+        SpecConfig.store_mib,
+        "--store-mib",
+        help="Memory (MiB) suffix keeps of this process's earlier answers to draft from, "
+        "the oldest forgotten first (default: 64; 0: only the request itself).",
+    )
     # -- engine: how each step is verified and run
     verify_policy: str = _shared(
         "engine",
@@ -241,6 +248,7 @@ class Run:
             drafter=self.drafter,
             draft_tokens=self.draft_tokens,
             block_size=self.block_size,
+            store_mib=self.store_mib,
             verify_policy=self.verify_policy,
             engine=self.engine,
             cuda_graphs=self.cuda_graphs,

@@ -87,6 +87,22 @@ def train(
     full_vocab: Annotated[
         bool, typer.Option("--full-vocab", help="Train through the whole LM head.")
     ] = False,
+    draft_vocab: Annotated[
+        int | None,
+        typer.Option(
+            "--draft-vocab",
+            help="Draft from the N tokens most frequent in the answers (default: every token "
+            "they use); a smaller head drafts faster and never drafts the rest.",
+        ),
+    ] = None,
+    session_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--session-minutes",
+            help="Stop this process after N minutes, state saved and drafter written, without "
+            "ending the run: --resume carries it on (a long run, one session at a time).",
+        ),
+    ] = None,
     train_sequences: Annotated[
         int | None,
         typer.Option("--train-sequences", help="Train on the first N answers only."),
@@ -128,6 +144,10 @@ def train(
             raise SpecgenError(
                 f"--init must be random, target or a drafter directory (got {init!r})"
             )
+        if draft_vocab is not None and (draft_vocab < 1 or full_vocab):
+            raise SpecgenError("--draft-vocab must be >= 1 (and not with --full-vocab)")
+        if session_minutes is not None and session_minutes < 0:
+            raise SpecgenError(f"--session-minutes must be >= 0 (got {session_minutes})")
         if sequences_per_step < 1 or anchors_per_sequence < 1:
             raise SpecgenError("--sequences-per-step and --anchors-per-sequence must be >= 1")
         if not prompts and not data:
@@ -178,6 +198,8 @@ def train(
             init_from_target=init == "target",
             init_from=init if init not in ("target", "random") else None,
             restrict_vocab=not full_vocab,
+            draft_vocab=draft_vocab,
+            session_minutes=session_minutes,
             eval_minutes=eval_minutes,
             train_sequences=train_sequences,
         )
@@ -202,8 +224,9 @@ def train(
             features_cache=specgen_home() / "features", resume=resume, report=report,
         )  # fmt: skip
         tau, last = summary["offline_tau"], min(summary["steps"], 20)  # as training/loop.py
+        more = "" if summary["finished"] else " so far; --resume carries it on"
         display.status(
-            f"wrote {out} ({summary['steps']} steps, loss {summary['final_loss']} "
+            f"wrote {out} ({summary['steps']} steps{more}, loss {summary['final_loss']} "
             f"(mean of the last {plural(last, 'step')})"
             + (f", held-out τ {tau:.3f})" if tau is not None else ")")
         )

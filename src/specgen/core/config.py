@@ -152,6 +152,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def seeded(self) -> bool:
+        """A sampled answer with a seed: it depends on its conversation and seed alone, so
+        nothing learnt from earlier answers may steer its drafts (they decide which of the
+        generator's draws fall on which token)."""
+        return self.seed is not None and not self.greedy
+
+    @property
     def penalised(self) -> bool:
         """Whether any penalty changes the logits."""
         return bool(
@@ -215,6 +222,8 @@ class SpecConfig:
     or a tuple of them for a method that mounts several (stacked).
     `draft_tokens` caps the tokens drafted per step (None: the method's default).
     `block_size` runs a block drafter at a smaller block than it was trained with.
+    `store_mib` caps the memory (MiB) a drafter that reads earlier answers keeps of them
+    (suffix; None: its default, 0: none kept), the oldest forgotten first.
     `verify_policy` chooses each step's verify length: "cost" (best expected tokens per
     second from confidences or acceptance so far, and measured costs), "full" (every draft
     token) or "threshold=X" (while each token's acceptance estimate is >= X); a string or
@@ -233,6 +242,7 @@ class SpecConfig:
     drafter: str | tuple[str, ...] | None = None
     draft_tokens: int | None = None
     block_size: int | None = None
+    store_mib: float | None = None
     verify_policy: VerifyPolicy | str = field(default_factory=VerifyPolicy)
     trace: bool = False
     engine: str = "auto"
@@ -253,6 +263,8 @@ class SpecConfig:
             object.__setattr__(self, "verify_policy", VerifyPolicy.parse(self.verify_policy))
         if self.draft_tokens is not None and self.draft_tokens < 1:
             raise OptionError("draft_tokens", "must be at least 1", self.draft_tokens)
+        if self.store_mib is not None and not self.store_mib >= 0:  # NaN fails too
+            raise OptionError("store_mib", "must be >= 0", self.store_mib)
         if self.block_size is not None and self.block_size < 2:
             raise OptionError("block_size", "must be at least 2", self.block_size)
 

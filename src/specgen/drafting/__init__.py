@@ -2,6 +2,22 @@
 drafter's context, loader and fixed-shape step, draft vocabularies. The methods themselves
 live in `specgen.methods`, which registers them."""
 
-from specgen.drafting.base import DRAFTERS, Checkpoint, Drafter, DraftMethod, method_of, register
+from specgen.drafting.base import (
+    DRAFTERS,
+    Checkpoint,
+    Drafter,
+    DraftMethod,
+    checkpoint_free,
+    method_of,
+    register,
+)
 
-__all__ = ["DRAFTERS", "Checkpoint", "DraftMethod", "Drafter", "method_of", "register"]
+__all__ = [
+    "DRAFTERS",
+    "Checkpoint",
+    "DraftMethod",
+    "Drafter",
+    "checkpoint_free",
+    "method_of",
+    "register",
+]

@@ -58,6 +58,9 @@ class Drafter(Protocol):
     # step, and names its pick with `select`. Empty: it drafts every step, unjudged.
     options: tuple[DraftOption, ...] = ()
     resident: bool = False  # it is a `ResidentDrafter` (engine/resident.py can drive it)
+    # Its drafts cost nothing and draw nothing (a copy drafter): `propose` may be called to
+    # look at the draft before choosing whether to use it (stacked offers it so, per step).
+    free: bool = False
 
     @abstractmethod
     def rollback(self, length: int) -> None:
@@ -81,8 +84,18 @@ class Drafter(Protocol):
         None when no sampling is wanted) and returns the distributions it drew from."""
         ...
 
+    def options_at(self, anchor: int, params: SamplingParams) -> tuple[DraftOption, ...]:
+        """The options for a draft after `anchor` (on the host) in an answer sampled with
+        `params`: `options`, unless what it can draft there is known for free before
+        drafting (stacked over a copy drafter)."""
+        return self.options
+
     def select(self, bucket: int) -> None:
         """The scheduler's pick among `options` for the next draft."""
+
+    def answered(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """An answer ended (or was cut short): its prompt and the tokens it gave. A drafter
+        that learns from a process's earlier answers (suffix) keeps them here."""
 
     def tensors(self) -> list[torch.Tensor]:
         """Its weights and state (context caches), for the bench's memory figures."""
@@ -206,6 +219,12 @@ def register(name: str) -> Callable[[type], type]:
         return cls
 
     return add
+
+
+def checkpoint_free(source: str) -> bool:
+    """Whether a drafter source (a --drafter value) names a method that loads no
+    checkpoint (ngram, suffix): stacked mounts those by name beside checkpoints."""
+    return source in DRAFTERS and DRAFTERS[source].drafters_needed == 0
 
 
 def method_of(drafter_dir: Path) -> str:

@@ -81,12 +81,23 @@ def prefill(
     return generator, first.view(1, 1), event, penalties
 
 
-def draft_room(drafter: Drafter, scheduler: VerifyScheduler | None, room: int, context: int) -> int:
+def draft_room(
+    drafter: Drafter,
+    scheduler: VerifyScheduler | None,
+    room: int,
+    context: int,
+    anchor: int | None = None,
+    params: SamplingParams | None = None,
+) -> int:
     """The drafts this step may have: `room`, or what the scheduler plans before drafting
-    (0: a plain decoding step); its pick among the drafter's options is passed on."""
+    (0: a plain decoding step); its pick among the drafter's options (at `anchor` in an
+    answer sampled with `params`, where the host knows them) is passed on."""
     if scheduler is None or room <= 0 or not drafter.options:
         return room
-    bucket, room = scheduler.plan(drafter.options, context, room)
+    options = drafter.options
+    if anchor is not None and params is not None:
+        options = drafter.options_at(anchor, params)
+    bucket, room = scheduler.plan(options, context, room)
     if room > 0:
         drafter.select(bucket)
     return room
@@ -125,7 +136,7 @@ def generate_speculative(
     anchor, finish = first.bonus, first.finish
     while finish is None:
         room = min(answer.room, cache.free - 1)  # drafts that can matter
-        room = draft_room(drafter, scheduler, room, cache.length)
+        room = draft_room(drafter, scheduler, room, cache.length, anchor, params)
         proposal = (
             drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
         )

@@ -41,7 +41,7 @@ class Schedulers:
         answer depends on its conversation and seed alone: how many drafts are verified and
         which drafter drafts decide which draws fall on which token, so what earlier
         answers learnt must not enter it."""
-        if params.seed is not None and not params.greedy:
+        if params.seeded:
             return self.new(learn=False)
         return current
 

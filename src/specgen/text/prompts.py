@@ -3,10 +3,11 @@
 `.txt`: one prompt per line. `.jsonl`: one JSON object per line, the prompt in `prompt` or
 `turns` (Spec-Bench's `question.jsonl` works as is), with an optional `category`. A line
 of several `turns` keeps them all (`PromptLine.turns`): `generate` answers them as one
-conversation; the commands that measure or train on prompts take the first. Files are read as bytes and decoded line by line, so a bad byte or line is
-reported with its number instead of a traceback. Blank lines are skipped. `generate`
-answers a file's good lines and reports each bad one in its place; the commands that
-train or measure on a file (calibrate, train, bench) stop at its first bad line.
+conversation, as `bench --turns all` does; the other commands that measure or train on
+prompts take the first. Files are read as bytes and decoded line by line, so a bad byte or
+line is reported with its number instead of a traceback. Blank lines are skipped.
+`generate` answers a file's good lines and reports each bad one in its place; the commands
+that train or measure on a file (calibrate, train, bench) stop at its first bad line.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ clipping, periodic resumable checkpoints, and the final drafter in its public fo
 The loop is time- or step-bounded (`minutes` / `steps`); the learning-rate schedule runs
 over that budget. `state.safetensors` in the output directory (`training/state.py`)
 holds weights, optimiser, step, elapsed time and RNG state; `resume` continues from it
-(the budget then counts the time already spent).
+(the budget then counts the time already spent). `session_minutes` ends one process's
+share of a long run early, its state saved and its drafter written (marked unfinished), so
+a run of many hours can go on one working session at a time (scripts/long_train.sh); with
+a step budget the sessions together take the uninterrupted run's steps, bit for bit.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class TrainConfig:
     init_from_target: bool = False  # start from the target's layers (training/init.py)
     init_from: str | None = None  # start from a trained drafter's weights (a directory)
     restrict_vocab: bool = True  # train through the head rows the data uses (trainer.Vocab)
+    draft_vocab: int | None = None  # ... only the most frequent this many of them (None: all)
+    session_minutes: float | None = None  # this process's share of the run (None: all of it)
     eval_minutes: float = 3.0  # offline τ on the held-out answers this often
     holdout_every: int = 65  # every 65th answer is kept out of training for the offline τ
     train_sequences: int | None = None  # train on the first N answers only (data studies)
@@ -129,20 +134,25 @@ def train(
         raise ValueError("give a budget: minutes or steps")
     train_seqs, held_seqs = split_holdout(data, cfg.holdout_every)
     train_seqs = train_seqs[: cfg.train_sequences]
-    vocab = Vocab.of(target, train_seqs) if cfg.restrict_vocab else None
+    state_path = out / STATE_FILE
+    state = load_state(state_path) if resume and state_path.is_file() else None
+    vocab = Vocab.of(target, train_seqs, cfg.draft_vocab) if cfg.restrict_vocab else None
+    if vocab is not None and state is not None and state["vocab"] is not None:
+        # the rows the run started with, though more answers came since: a head sized by
+        # them (EAGLE-3's) must keep its rows, and the others keep their meaning
+        vocab = Vocab.of_ids(target, state["vocab"])
     kind = training_of(cfg.kind)
     config = kind.config(target_config, target.args.num_layers, cfg, vocab)
     net = kind.new(target, config, cfg, vocab)
-    state_path = out / STATE_FILE
-    if cfg.init_from and not (resume and state_path.is_file()):
+    if cfg.init_from and state is None:
         warm_start(kind, cfg.kind, net, target, Path(cfg.init_from))
+    vocab_ids = None if vocab is None else vocab.ids.tolist()
     params = kind.trainable(net)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, spent, rng = 0, 0.0, random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     curve: list[list[float]] = []  # [minutes, step, offline τ, loss]
-    if resume and state_path.is_file():
-        state = load_state(state_path)
+    if state is not None:
         net.load_state_dict(state["net"])
         opt.load_state_dict(state["opt"])
         step, spent = state["step"], state["seconds"]
@@ -167,15 +177,13 @@ def train(
         if report:
             report({"eval": step, "tau": result.tau, "minutes": minutes})
 
-    start = time.perf_counter() - spent
+    session = time.perf_counter()
+    start = session - spent
     next_eval = (len(curve) and curve[-1][0] + cfg.eval_minutes) or 0.0
     history: list[float] = []
     while True:
         elapsed = time.perf_counter() - start
-        progress = max(
-            elapsed / (cfg.minutes * 60) if cfg.minutes else 0.0,
-            step / cfg.steps if cfg.steps else 0.0,
-        )
+        progress = _progress(step, elapsed, cfg)
         if progress >= 1.0:
             break
         if elapsed / 60 >= next_eval and cfg.eval_minutes > 0:
@@ -203,16 +211,23 @@ def train(
         if report and step % 10 == 0:
             report({"step": step, "loss": sum(history[-10:]) / 10, "seconds": elapsed})
         if step % cfg.checkpoint_every == 0:
-            save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve)
+            save_state(state_path, net, opt, step, time.perf_counter() - start, rng, gen, curve,
+                       vocab_ids)  # fmt: skip
             # and the drafter itself: a run stopped at an outer limit still leaves one
             kind.write(out, net, config, vocab, {"steps": step, "finished": False})
+        if cfg.session_minutes is not None and (
+            time.perf_counter() - session >= cfg.session_minutes * 60
+        ):
+            break  # this session's share is spent; the run goes on with `resume`
     final_loss = sum(history[-20:]) / max(len(history[-20:]), 1)
     evaluate(final_loss)
     seconds = time.perf_counter() - start
-    save_state(state_path, net, opt, step, seconds, rng, gen, curve)
+    save_state(state_path, net, opt, step, seconds, rng, gen, curve, vocab_ids)
+    finished = _progress(step, time.perf_counter() - start, cfg) >= 1.0
     summary = {
         "config": asdict(cfg),
         "steps": step,
+        "finished": finished,
         "seconds": round(seconds, 1),
         "sequences": len(train_seqs),
         "held_out": len(held),
@@ -225,6 +240,14 @@ def train(
     kind.write(out, net, config, vocab, {k: v for k, v in summary.items() if k != "curve"})
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _progress(step: int, elapsed: float, cfg: TrainConfig) -> float:
+    """How much of the budget is spent (1: all of it), by time or steps."""
+    return max(
+        elapsed / (cfg.minutes * 60) if cfg.minutes else 0.0,
+        step / cfg.steps if cfg.steps else 0.0,
+    )
 
 
 def load_sequences(path: Path) -> list[Sequence]:

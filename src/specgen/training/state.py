@@ -23,7 +23,7 @@ FILE = "state.safetensors"
 
 def save_state(
     path: Path, net: torch.nn.Module, opt: torch.optim.Optimizer, step: int, seconds: float,
-    rng: random.Random, gen: torch.Generator, curve: list,
+    rng: random.Random, gen: torch.Generator, curve: list, vocab: list[int] | None = None,
 ) -> None:  # fmt: skip
     # copies on the CPU: safetensors refuses tensors that share storage
     tensors = {f"net.{k}": v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
@@ -41,6 +41,7 @@ def save_state(
         "seconds": seconds,
         "rng": rng.getstate(),
         "curve": curve,
+        "vocab": vocab,  # the draft vocabulary's token ids (None: the whole head)
         "param_groups": opt_state["param_groups"],
         "opt_plain": plain,
     }
@@ -50,7 +51,8 @@ def save_state(
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """{"net", "opt", "step", "seconds", "rng", "gen", "curve"} as `save_state` was given."""
+    """{"net", "opt", "step", "seconds", "rng", "gen", "curve", "vocab"} as `save_state`
+    was given (an older state without a vocabulary: None)."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -73,4 +75,5 @@ def load_state(path: Path) -> dict[str, Any]:
         "rng": (version, tuple(internal), gauss),
         "gen": tensors["gen"],
         "curve": record["curve"],
+        "vocab": record.get("vocab"),
     }

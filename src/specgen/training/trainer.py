@@ -6,6 +6,7 @@ its own (`training/kind.py`); only the drafter's own weights train.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +82,20 @@ class Vocab:
     head: torch.Tensor  # [V', H] the target's head rows
 
     @classmethod
-    def of(cls, target: Transformer, sequences: list[Sequence]) -> Vocab:
+    def of(cls, target: Transformer, sequences: list[Sequence], limit: int | None = None) -> Vocab:
+        """The tokens `sequences` use; with `limit`, the `limit` most frequent in their
+        answers (the tokens a drafter drafts; ties by id), a smaller head to draft through
+        at the cost of the rarer tokens, which it then never drafts."""
         used = sorted({t for seq in sequences for t in seq.ids})
+        if limit is not None and limit < len(used):
+            counts = Counter(t for seq in sequences for t in seq.ids[seq.response_start :])
+            ranked = sorted(used, key=lambda t: (-counts[t], t))
+            used = sorted(ranked[:limit])
+        return cls.of_ids(target, used)
+
+    @classmethod
+    def of_ids(cls, target: Transformer, used: list[int]) -> Vocab:
+        """The vocabulary of these token ids (sorted)."""
         ids = torch.tensor(used, device=target.device)
         index = torch.full((target.args.vocab_size,), -1, device=target.device)
         index[ids] = torch.arange(len(used), device=target.device)

@@ -57,6 +57,7 @@ class NgramMethod(DraftMethod):
 
 class NgramDrafter(Drafter):
     taps: tuple[int, ...] = ()
+    free = True  # a lookup: its draft may be looked at before it is chosen (stacked)
 
     def __init__(
         self,

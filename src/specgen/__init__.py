@@ -7,6 +7,8 @@ Public API:
     SamplingParams(temperature, top_k, top_p, seed)
     SpecConfig(method=AR | "ngram" | "dflash" | "dspark" | "stacked", drafter, ...)  (AR = "ar")
     Pipeline.with_spec(spec) -> another method on the same loaded target
+    Pipeline.generate_many(prompts, parallel=4) -> list[Completion], batched
+    Streams(pipes, parallel) -> several answers at once (open / step / close)
 """
 
 import os
@@ -20,6 +22,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 from specgen.api.pipeline import Chunk, Completion, Pipeline
+from specgen.api.streams import Stream, Streams
 from specgen.core.config import AR, ModelArgs, SamplingParams, SpecConfig
 from specgen.core.errors import SpecgenError
 from specgen.core.stats import GenStats
@@ -36,5 +39,7 @@ __all__ = [
     "SamplingParams",
     "SpecConfig",
     "SpecgenError",
+    "Stream",
+    "Streams",
     "__version__",
 ]

@@ -15,9 +15,9 @@ chat prefix reuse a single pipeline has). Each `step` is one step of every open 
 (engine/batch.py): a prefill chunk of those still reading their prompts, a decoding or
 speculative step of the others, their target forwards together. An answer opened between
 two steps joins at the next; one that ends or is closed frees its slot and session at once.
-Every answer is the one `Pipeline.stream_ids` gives alone: greedy token for token, and a
-seeded sample draw for draw wherever its drafting does not depend on the batch (plain
-decoding; verify policies other than "cost", whose decisions weigh the batch's prices).
+Every answer is the one `Pipeline.stream_ids` gives alone: greedy token for token, a
+seeded sample draw for draw (it drafts as if alone). An unseeded sampled answer is drawn
+from the same distribution; under the cost policy its drafting weighs the batch.
 """
 
 from __future__ import annotations

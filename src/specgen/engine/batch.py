@@ -8,7 +8,9 @@ when the extra rows are expected to pay for the whole batch; alone, the prices a
 table's and it decides as it always has. Who decides first turns each step, so no answer
 always sees the others' drafts already in the price. A decision depends on the batch
 (and, as alone, on the measured costs), never on the tokens being judged, so every
-answer stays lossless; with no cost policy nothing depends on the batch at all.
+answer stays lossless. A seeded sampling answer decides as if alone: which draws fall on
+which token depends on its verify lengths, and a seeded answer must depend on its
+conversation and seed only (scheduling/learning.py), whatever else shares its steps.
 
 A failure belongs to the answer it happened in (its `Outcome` carries the error, the
 others go on); only a forward that fails fails every answer in it.
@@ -102,6 +104,8 @@ class Batch:
         will decide a draft by them (a cost policy with a table) and shares the step."""
         scheduler = stepper.scheduler
         if scheduler is None or not scheduler.prices_drafts or not stepper.drafts:
+            return
+        if stepper.seeded:  # a seeded sample depends on its conversation and seed alone
             return
         others = [part for key, part in parts.items() if key != id(stepper)]
         if not others:

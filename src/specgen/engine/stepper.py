@@ -90,6 +90,12 @@ class Stepper:
         return self.session.scheduler
 
     @property
+    def seeded(self) -> bool:
+        """A seeded sampling answer: its draws must not depend on anything but its seed
+        and conversation (so, in a batch, nothing the others do)."""
+        return self.params.seed is not None and not self.params.greedy
+
+    @property
     def prefilling(self) -> bool:
         return bool(self.chunks)
 

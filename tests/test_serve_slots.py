@@ -100,8 +100,9 @@ def test_answers_at_once_are_each_its_single_client_answer(server):
 
 
 def test_a_client_that_leaves_frees_its_slot_while_the_others_go_on(server):
+    # (the tiny target's context is 256)
     long = {"prompt": "Count to a thousand:", "max_tokens": 200, "stream": True,
-            "ignore_eos": True}  # fmt: skip  (the tiny target's context is 256)
+            "ignore_eos": True}  # fmt: skip
     with server.http() as http:
         want = answer(http, "/v1/completions", {**long, "max_tokens": 30})
     done: list = []

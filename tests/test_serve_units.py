@@ -256,10 +256,9 @@ def scripted():
     from specgen.serve.app import Service, build_app
     from specgen.serve.metrics import Metrics
     from specgen.serve.worker import Worker
-    from support.serve_stub import ScriptedStreams
 
     pipe = ScriptedPipe()
-    worker = Worker(lambda: {"ar": pipe}, queue_size=4, streams=ScriptedStreams)
+    worker = Worker(lambda: {"ar": pipe}, queue_size=4)
     worker.start()
     service = Service(worker, "m", frozenset({"m"}), Defaults(), Metrics(("ar",)))
     worker.metrics = service.metrics

@@ -96,9 +96,8 @@ def codec_with(tmp: Path, template: str | None = None, special: list[str] = ()) 
 
 
 @contextmanager
-def stub_app(pipe: StubPipe, max_tokens: int = 16, parallel: int = 1, **service):
-    worker = Worker(lambda: {"ar": pipe}, queue_size=64, parallel=parallel,
-                    streams=ScriptedStreams)  # fmt: skip
+def stub_app(pipe: StubPipe, max_tokens: int = 16, **service):
+    worker = Worker(lambda: {"ar": pipe}, queue_size=64)
     worker.start()
     svc = Service(worker, "m", frozenset({"m"}), Defaults(max_tokens=max_tokens), Metrics(("ar",)),
                   **service)  # fmt: skip
@@ -109,69 +108,3 @@ def stub_app(pipe: StubPipe, max_tokens: int = 16, parallel: int = 1, **service)
     finally:
         worker.close()
 
-
-class ScriptedStream:
-    """A stand-in pipeline's answer in `ScriptedStreams`: its `stream_ids` generator."""
-
-    def __init__(self, pipe, method: str, slot: int, chunks) -> None:
-        self.pipe, self.method, self.slot, self.chunks = pipe, method, slot, chunks
-        self.stats = GenStats()
-
-
-class ScriptedStreams:
-    """What the worker steps answers with (api/streams.Streams: open / step / close /
-    score / free / counters), over stand-in pipelines that only have `stream_ids`: each
-    step takes the next chunk of every open answer (interleaved, nothing batched)."""
-
-    def __init__(self, pipes, parallel: int) -> None:
-        from specgen.engine.batch import Counters
-
-        self.pipes, self.parallel = dict(pipes), parallel
-        self.active: list[ScriptedStream] = []
-        self.counters = Counters()
-
-    @property
-    def free(self) -> int:
-        return self.parallel - len(self.active)
-
-    def open(self, prompt_ids, *, method=None, sampling=None, max_new_tokens=256,
-             ignore_eos=False, constraint=None, cancel=None):  # fmt: skip
-        method = method or next(iter(self.pipes))
-        pipe = self.pipes[method]
-        extra = {"ignore_eos": True} if ignore_eos else {}
-        if constraint is not None:
-            extra["constraint"] = constraint
-        chunks = pipe.stream_ids(list(prompt_ids), sampling=sampling,
-                                 max_new_tokens=max_new_tokens, cancel=cancel, **extra)  # fmt: skip
-        taken = {s.slot for s in self.active}
-        slot = next(i for i in range(self.parallel) if i not in taken)
-        stream = ScriptedStream(pipe, method, slot, chunks)
-        self.active.append(stream)
-        return stream
-
-    def step(self):
-        out = []
-        self.counters.steps += 1
-        for stream in list(self.active):
-            try:
-                chunk = next(stream.chunks)
-            except StopIteration:
-                self.close(stream)
-                continue
-            except Exception as e:
-                self.close(stream)
-                out.append((stream, e))
-                continue
-            stream.stats = chunk.stats
-            out.append((stream, chunk))
-            if chunk.stats.finish_reason is not None:
-                self.close(stream)
-        return out
-
-    def close(self, stream) -> None:
-        if stream in self.active:
-            self.active.remove(stream)
-            stream.chunks.close()
-
-    def score(self, prompt_ids, *, method=None, top=0):
-        return self.pipes[method or next(iter(self.pipes))].prompt_logprobs(prompt_ids, top=top)

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from specgen.api.one_at_a_time import OneAtATime
 from specgen.api.streams import Stream, Streams
 from specgen.core.errors import Cancelled, SpecgenError
 from specgen.core.stats import GenStats
@@ -57,9 +58,13 @@ if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
 
 
-# what the worker steps the answers with: Streams, or anything with its open / step /
-# close / score / free / counters (tests drive scripted pipelines through one)
+# what the worker steps the answers with, from the pipelines and the slots: Streams
+# (answers stepped together), OneAtATime (--parallel 1: each pipeline's own engine alone)
 StreamsFactory = Callable[[Mapping[str, Any], int], Any]
+
+
+def streams_for(pipes: Mapping[str, Any], parallel: int) -> Any:
+    return OneAtATime(pipes) if parallel == 1 else Streams(pipes, parallel)
 
 
 class Worker:
@@ -71,7 +76,7 @@ class Worker:
         parallel: int = 1,
         debug: bool = False,
         log: Log | None = None,
-        streams: StreamsFactory = Streams,
+        streams: StreamsFactory = streams_for,
     ) -> None:
         self._load = load
         self.queue_size = queue_size

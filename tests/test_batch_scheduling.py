@@ -132,3 +132,11 @@ def test_the_batch_hands_shared_prices_to_cost_schedulers_only(model):
               _decoding(model, _learnt([2]))]  # fmt: skip
     assert _prices_seen(batch, seeded)[0] is None  # a seeded answer decides as if alone
     assert all(s.scheduler.step_prices is None for s in [pair[0], *seeded])  # handed back
+
+
+def test_one_forward_prices_its_rows_from_the_table_by_default():
+    parts = [(100, 1), (100, 3), (100, 2)]  # six rows: one past the table's five
+    assert OneForward().seconds(TABLE, parts) == pytest.approx(2.2 + 0.3)
+    longer = CostTable(contexts=(100, 1100), seconds=(STEPS, tuple(s + 0.5 for s in STEPS)))
+    # one answer's rows at 1100 tokens of context add their attention there
+    assert OneForward().seconds(longer, [(100, 1), (1100, 2)]) == pytest.approx(1.6 + 2 * 0.5)

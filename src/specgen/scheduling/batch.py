@@ -31,11 +31,7 @@ Part = tuple[int, int]
 def rows_seconds(table: CostTable, context: int, rows: int) -> float:
     """A forward over `rows` rows of one answer after `context` tokens: the table's price,
     extended in a line past its longest verify (a prefill chunk)."""
-    steps = table.step_seconds(context)
-    if rows <= len(steps):
-        return steps[max(rows, 1) - 1]
-    slope = steps[-1] - steps[-2] if len(steps) > 1 else steps[-1]
-    return steps[-1] + slope * (rows - len(steps))
+    return _on_a_line(table.step_seconds(context), max(rows, 1))
 
 
 class RowCosts(Protocol):
@@ -54,25 +50,33 @@ class SeparateForwards:
 @dataclass(frozen=True)
 class OneForward:
     """Every answer's rows in one forward: its products read each weight once for all
-    rows, so the step costs what a forward of that many rows costs (`by_rows[r - 1]`,
-    measured per batch size), plus each answer's attention over its own context, priced
-    as the table's plain step at that context less at the shortest one measured."""
+    rows, so the step costs what a forward of that many rows costs, plus each answer's
+    attention over its own context (priced as the table's plain step at that context less
+    at the shortest one measured). The cost by rows is `by_rows[r - 1]`, or, when not
+    given, the table's own: its verify of r - 1 drafts is a forward of r rows (measured
+    per batch size as steps run), extended in a line past its longest."""
 
-    by_rows: tuple[float, ...]  # seconds of a forward over r rows, at the shortest context
+    by_rows: tuple[float, ...] | None = None  # seconds of a forward over r rows
 
     def seconds(self, table: CostTable, parts: Sequence[Part]) -> float:
         rows = sum(r for _, r in parts)
         if rows <= 0:
             return 0.0
-        base = self.by_rows
-        if rows <= len(base):
-            product = base[rows - 1]
+        shortest = table.contexts[0]
+        if self.by_rows is None:
+            product = rows_seconds(table, shortest, rows)
         else:
-            slope = base[-1] - base[-2] if len(base) > 1 else base[-1]
-            product = base[-1] + slope * (rows - len(base))
-        shortest = table.step_seconds(table.contexts[0])[0]
-        attention = sum(max(0.0, table.step_seconds(c)[0] - shortest) * r for c, r in parts)
+            product = _on_a_line(self.by_rows, rows)
+        plain = table.step_seconds(shortest)[0]
+        attention = sum(max(0.0, table.step_seconds(c)[0] - plain) * r for c, r in parts)
         return product + attention
+
+
+def _on_a_line(by_rows: Sequence[float], rows: int) -> float:
+    if rows <= len(by_rows):
+        return by_rows[rows - 1]
+    slope = by_rows[-1] - by_rows[-2] if len(by_rows) > 1 else by_rows[-1]
+    return by_rows[-1] + slope * (rows - len(by_rows))
 
 
 def batch_prices(

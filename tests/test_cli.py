@@ -58,12 +58,14 @@ def test_generate_json_from_stdin(tiny_llama):
 
 def test_prompt_file_jsonl_keeps_input_order(tiny_llama, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    rows = [{"prompt": "first"}, {"turns": ["second", "ignored"]}, {"prompt": "third"}]
+    rows = [{"prompt": "first"}, {"turns": ["second", "a reply to it"]}, {"prompt": "third"}]
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     result = run("generate", "-f", str(prompts), "--json", "--model", str(tiny_llama), *FAST)
     assert result.exit_code == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["prompt"] for r in records] == ["first", "second", "third"]
+    # a line with turns is one conversation: a record per turn, numbered
+    assert [r["prompt"] for r in records] == ["first", "second", "a reply to it", "third"]
+    assert [r.get("turn") for r in records][1:3] == [1, 2]
 
 
 def test_prompt_file_txt_and_stdin_lines(tiny_llama, tmp_path):

@@ -120,7 +120,7 @@ def test_sigterm_with_abandoned_requests_exits_within_the_grace(server):
     def long_answer(lines: list[str]) -> None:
         with server.http() as http:
             body = {"prompt": "Count from one to five hundred:", "max_tokens": 2000,
-                    "stream": True}  # fmt: skip
+                    "stream": True, "ignore_eos": True}  # long, whatever the model says
             with http.stream("POST", "/v1/completions", json=body) as r:
                 lines.extend(line for line in r.iter_lines() if line.startswith("data:"))
 

@@ -36,6 +36,7 @@ def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
 @pytest.mark.parametrize("mix", list(LLAMA_MIXES))
 def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path, family, mix,
                                                  monkeypatch):  # fmt: skip
+    monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself (q8: below)
     hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
@@ -61,8 +62,10 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path
 
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
+@pytest.mark.parametrize("act", ["fp32", "q8"])
 def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3_deep, tmp_path,
-                                                                      mix, monkeypatch):  # fmt: skip
+                                                                      mix, act, monkeypatch):  # fmt: skip
+    monkeypatch.setenv("SPECGEN_CPU_ACT", act)
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
     tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
@@ -83,6 +86,34 @@ def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3
             assert torch.equal(run(model, tokens, (5, 4, 17, 4), monkeypatch=monkeypatch)[0], got)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5"])
+def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(wide_qwen2, tmp_path,
+                                                                         mix, monkeypatch):  # fmt: skip
+    """SPECGEN_CPU_ACT=q8 changes the function (each product's input rows rounded to 8 bits):
+    the fused pass and the eager layers compute the same one (their products are the same
+    kernel; norms, RoPE and attention differ by fp32 rounding, which can move an input across
+    a rounding step now and then), much nearer each other than either is to the file's
+    model, which is itself within what 8-bit rows cost."""
+    oracle_dir = write_tiny_gguf(wide_qwen2, tmp_path / "t.gguf", LLAMA_MIXES[mix])
+    packed = load_gguf_target(tmp_path / "t.gguf", wide_qwen2, dtype=torch.float32, device="cpu")
+    exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=gen)
+    splits = (16, 1, 4, 3)
+    want, _ = run(exact, tokens, splits, fused=False, monkeypatch=monkeypatch)
+    monkeypatch.setenv("SPECGEN_CPU_ACT", "q8")
+    got, _ = run(packed, tokens, splits, monkeypatch=monkeypatch)
+    assert FusedPass.of(packed).model.act == 1  # the pass, told to quantize
+    eager, _ = run(packed, tokens, splits, fused=False, monkeypatch=monkeypatch)
+
+    def rms(a, b):
+        return (a.double() - b.double()).pow(2).mean().sqrt().item()
+
+    scale = want.pow(2).mean().sqrt().item()
+    assert rms(got, want) < 0.1 * scale  # 8-bit rows: 2-5% on these random tiny models
+    assert rms(got, eager) < 0.25 * rms(got, want)  # measured: 0.06 at most
 
 
 def test_targets_it_cannot_run_go_through_the_eager_layers(tiny_dirs, tmp_path, monkeypatch):

@@ -11,6 +11,8 @@ greedy-identical to AR on it (tests/test_packed_methods.py).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -31,7 +33,7 @@ def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def check_product(x: torch.Tensor, m: PackedMatrix) -> None:
     w = m.dequantize()
     exact = x.double() @ w.double().T
-    for y in (packed_linear_cpu(x, m), packed_linear_torch(x, m)):
+    for y in (packed_linear_cpu(x, m, act="fp32"), packed_linear_torch(x, m)):
         assert y.dtype == torch.float32 and y.shape == exact.shape
         assert ((y.double() - exact).abs() <= fp32_bound(x, w)).all()
 
@@ -77,14 +79,15 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
     m = packed_from_blocks(kind, random_blocks(kind, 64, COLS, np.random.default_rng(1)), 64,
                            COLS)  # fmt: skip
     x = torch.randn(37, COLS, generator=torch.Generator().manual_seed(2))
-    block = packed_linear_cpu(x, m)
-    alone = torch.cat([packed_linear_cpu(x[i : i + 1], m) for i in range(37)])
+    product = functools.partial(packed_linear_cpu, m=m, act="fp32")  # q8: test_packed_q8.py
+    block = product(x)
+    alone = torch.cat([product(x[i : i + 1]) for i in range(37)])
     assert torch.equal(block, alone)
-    assert torch.equal(packed_linear_cpu(x[None, 3:9], m)[0], block[3:9])  # [B, T, K] input
+    assert torch.equal(product(x[None, 3:9])[0], block[3:9])  # [B, T, K] input
     for few in (2, 3, 4, 5, 13, 16, 17):
-        assert torch.equal(packed_linear_cpu(x[:few], m), block[:few])
+        assert torch.equal(product(x[:few]), block[:few])
     for rows in (1, 4, 16):  # the same rows through both paths
-        assert torch.equal(packed_linear_cpu(x[:rows], m, direct_rows=0), block[:rows])
+        assert torch.equal(product(x[:rows], direct_rows=0), block[:rows])
 
 
 @pytest.mark.parametrize("bits,group", [(8, 32), (8, 128), (4, 32), (4, 64), (4, 128)])
@@ -126,7 +129,8 @@ def test_bad_packed_shapes_are_refused():
         quantize(torch.randn(4, 48), 4, 32)
 
 
-def test_quantize_on_load_fits_the_group_to_each_matrix():
+def test_quantize_on_load_fits_the_group_to_each_matrix(monkeypatch):
+    monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # held to the fp32 product
     from specgen.models.formats.packed_weight import Int4Weight
     from specgen.models.formats.weights import FORMATS, DenseWeight
 

@@ -25,6 +25,7 @@ def weights(model) -> dict[str, LinearWeight]:
 @pytest.mark.parametrize("mix", list(LLAMA_MIXES))
 def test_a_gguf_target_runs_packed_on_its_own_weights(tiny_dirs, wide_qwen2, tmp_path, family,
                                                       mix, monkeypatch):  # fmt: skip
+    monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself
     hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
@@ -61,9 +62,11 @@ def packed_pipeline(hf_dir, gguf_path) -> Pipeline:
 
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
+@pytest.mark.parametrize("act", ["fp32", "q8"])
 def test_every_method_is_greedy_identical_to_ar_with_packed_weights(
-    tiny_qwen3_deep, tiny_dflash, tiny_dspark, tiny_dflash2, tmp_path, mix
+    tiny_qwen3_deep, tiny_dflash, tiny_dspark, tiny_dflash2, tmp_path, mix, act, monkeypatch
 ):
+    monkeypatch.setenv("SPECGEN_CPU_ACT", act)  # 8-bit activations: verify rows are steps too
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
     assert "packed" in ar.model.weights_identity

@@ -21,6 +21,7 @@ from specgen.core.config import SamplingParams
 from specgen.core.paths import specgen_home
 from specgen.core.stats import GenStats
 from specgen.drafting.base import DraftMethod
+from specgen.kernels.packed import activations
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
 from specgen.scheduling.cost import CostTable, modeled
@@ -203,8 +204,9 @@ def _write_json(path, record: dict) -> None:
 # its draft vocabulary gathered once, not per slot; drafts timed per length; 5: the packed
 # CPU kernel's direct path for verify blocks up to 16 rows; 6: the fused CPU pass, fp16
 # packed scales, packed draft-vocabulary heads; 7: 16-lane packed products on AVX-512, and
-# the ISA a build targets, SPECGEN_CPU_ISA).
-KERNELS_REVISION = 7
+# the ISA a build targets, SPECGEN_CPU_ISA; 8: per-ISA libraries built at install, and the
+# 8-bit-activation products, SPECGEN_CPU_ACT, whose extra rows cost a fraction of fp32's).
+KERNELS_REVISION = 8
 
 
 def cached_costs(
@@ -278,7 +280,8 @@ def _identity(model: Transformer, key: str, graphs: bool) -> str:
         f"{key}|{model.dtype}|{model.weights_identity}|{model.device}"
         f"|threads={torch.get_num_threads()}"
         f"|torch={torch.__version__}|kernels={KERNELS_REVISION}"
-        f"|isa={os.environ.get('SPECGEN_CPU_ISA', 'native')}" + ("|graphs" if graphs else "")
+        f"|isa={os.environ.get('SPECGEN_CPU_ISA', 'native')}|act={activations()}"
+        + ("|graphs" if graphs else "")
     )
 
 

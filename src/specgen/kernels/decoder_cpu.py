@@ -59,6 +59,7 @@ class Model(ctypes.Structure):
         ("vocab", i64),
         ("capacity", i64),
         ("direct_rows", i64),
+        ("act", i64),  # packed.ACTIVATIONS: what the products multiply
         ("eps", f64),
         ("attn_scale", f64),
         ("layer", ctypes.POINTER(Layer)),

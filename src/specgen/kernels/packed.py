@@ -1,50 +1,38 @@
 """y = x W^T for a packed W (models/formats/packed_matrix.py), on whatever device x is.
 
-- CPU: `kernels/cpu/packed.c`, compiled once per machine with the system C compiler
-  (`-O3 -march=native`; cached under $SPECGEN_HOME/kernels, keyed by the source and the
-  compiler) and called through ctypes; it runs on torch's OpenMP threads.
+- CPU: `kernels/cpu/packed.c` and its kernels, built ahead of time per instruction set
+  (or on first use in a source checkout: kernels/cpu_build.py) and called through ctypes;
+  it runs on its own OpenMP threads, as many as torch's.
 - CUDA: the Triton kernel in kernels/packed_triton.py.
-- Anywhere else, or with no compiler: `packed_linear_torch`, which dequantizes the matrix on
+- Anywhere else, or with no library: `packed_linear_torch`, which dequantizes the matrix on
   every call (correct, slow; a one-time notice says so).
 
-`packed_linear_torch` is the reference every kernel is tested against.
+`packed_linear_torch` is the reference every fp32-activation kernel is tested against; the
+8-bit-activation products (SPECGEN_CPU_ACT=q8) have their own in the tests.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specgen.core.paths import specgen_home
+from specgen.kernels import cpu_build
 
-SOURCE = Path(__file__).parent / "cpu" / "packed.c"
-# one library: the packed products and the fused decoder pass that calls them (decoder.c)
-SOURCES = (SOURCE, SOURCE.with_name("packed_wide.c"), SOURCE.with_name("decoder.c"))
-HEADERS = (SOURCE.with_name("packed.h"),)
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
 MIN_PARALLEL_WORK = 1 << 18
 # up to this many rows (decode steps, verify blocks) each column is unpacked into registers
 # and used at once; more rows (prefill) go through scratch: benchmarks/packed_kernel_rows.py
 DIRECT_ROWS = 16
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
-# SPECGEN_CPU_ISA narrows what -march=native may use: each narrower build runs its own code
-# path (packed_wide.c's 16 lanes, packed.c's 8, its portable C), so one machine can test all
-ISA_FLAGS = {
-    "native": (),
-    "avx2": ("-mno-avx512f",),
-    "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
-}
+# SPECGEN_CPU_ACT: what the CPU products multiply the packed weights with (decoder.c's too)
+ACTIVATIONS = {"fp32": 0, "q8": 1}
+DEFAULT_ACTIVATIONS = "q8"  # faster at every row count, as close to the file as llama.cpp
+Q8_PORTABLE = 2  # q8 on the portable kernel in any build: tests hold the vector ones to it
 
 
 def packed_linear_torch(x: torch.Tensor, m) -> torch.Tensor:
@@ -52,56 +40,27 @@ def packed_linear_torch(x: torch.Tensor, m) -> torch.Tensor:
     return F.linear(x, m.dequantize(dtype=x.dtype))
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _flags() -> tuple[str, ...]:
-    isa = os.environ.get("SPECGEN_CPU_ISA", "native").lower()
-    if isa not in ISA_FLAGS:
-        raise OSError(f"SPECGEN_CPU_ISA={isa!r}: use one of {', '.join(ISA_FLAGS)}")
-    return FLAGS + ISA_FLAGS[isa]
-
-
-def _build(cc: str) -> Path:
-    flags = _flags()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    text = "".join(p.read_text() for p in (*SOURCES, *HEADERS))
-    key = hashlib.sha256((text + version + " ".join(flags)).encode()).hexdigest()
-    out = specgen_home() / "kernels" / f"packed-{key[:16]}.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True
-        )
-        if done.returncode:
-            raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
-        os.replace(tmp, out)  # atomic: a concurrent build leaves one whole library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+def isa() -> str:
+    return os.environ.get("SPECGEN_CPU_ISA", "native").lower()
 
 
 @functools.cache
 def compiled() -> ctypes.CDLL | None:
-    """The compiled CPU library, or None (no compiler, or it failed: noticed once)."""
+    """The CPU library, or None (none built and none can be: noticed once)."""
+    return _loaded()[0]
+
+
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("SPECGEN_PACKED_CPU", "").lower() == "torch":
-        return None
-    cc = _compiler()
+        return None, ""
     try:
-        if cc is None:
-            raise OSError("no C compiler (set CC)")
-        return ctypes.CDLL(str(_build(cc)))
+        lib, variant = cpu_build.load(isa())
     except OSError as e:
-        print(
-            f"specgen: packed weights run slowly: cannot build {SOURCE.name} ({e})", file=sys.stderr
-        )
-        return None
+        print(f"specgen: packed weights run slowly: no CPU kernels ({e})", file=sys.stderr)
+        return None, ""
+    lib.packed_isa.restype = ctypes.c_char_p
+    return lib, variant.name
 
 
 @functools.cache
@@ -112,7 +71,8 @@ def cpu_library():
         return None
     f = lib.packed_linear
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [p, i64, i64, p, ctypes.c_int, p, p, ctypes.c_int, i64, i64, p, p, ctypes.c_int, i64]
+    c_int = ctypes.c_int
+    f.argtypes = [p, i64, i64, p, c_int, p, p, c_int, i64, i64, p, p, c_int, i64, c_int]
     f.restype = ctypes.c_int
     return f
 
@@ -124,12 +84,46 @@ def kernel_lanes() -> int:
     return 0 if lib is None else lib.packed_lanes()
 
 
+def kernel_isa() -> str:
+    """Which library runs and what it was built for, "avx512vnni (avx512+vnni)"; "" without
+    one."""
+    lib, variant = _loaded()
+    return "" if lib is None else f"{variant} ({lib.packed_isa().decode()})"
+
+
+def activations() -> str:
+    """`fp32` (x as it is) or `q8` (each row quantized to 8 bits per block of 32, as
+    llama.cpp does: integer block products, cheap extra rows; packed.h)."""
+    act = os.environ.get("SPECGEN_CPU_ACT", DEFAULT_ACTIVATIONS).lower()
+    if act not in ACTIVATIONS:
+        raise ValueError(f"SPECGEN_CPU_ACT={act!r}: use one of {', '.join(ACTIVATIONS)}")
+    return act
+
+
+def q8_quantize_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) as the q8 products quantize it: q int8 [M, K] and d
+    [M, K/32] (kernels/cpu/packed.h). For tests and measurements."""
+    lib = compiled()
+    if lib is None:
+        raise RuntimeError("no CPU kernels")
+    x = x.float().contiguous()
+    rows, k = x.shape
+    q, d = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // 32)
+    sums = torch.empty(rows, k // 16, dtype=torch.int32)
+    lib.q8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+    lib.q8_quantize(x.data_ptr(), rows, k, q.data_ptr(), d.data_ptr(), sums.data_ptr())
+    return q, d
+
+
 def kernel_threads() -> int:
     """Threads for one packed product: torch's count (set by --threads)."""
     return torch.get_num_threads()
 
 
-def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> torch.Tensor:
+def packed_linear_cpu(
+    x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS, act: str | None = None
+) -> torch.Tensor:
     # Lean on purpose: a decode step makes one call per matrix (over a hundred), and each
     # microsecond of Python here is a microsecond of every step.
     f = cpu_library()
@@ -142,12 +136,13 @@ def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> tor
         x = x.contiguous()
     rows = x.numel() // k
     y = torch.empty(*x.shape[:-1], n)
-    mins = m.mins
-    if mins is None:
-        sums = 0
-    else:
-        scratch = torch.empty(rows * (k // m.group))
-        sums, mins = scratch.data_ptr(), mins.data_ptr()
+    code = Q8_PORTABLE if act == "q8-portable" else ACTIVATIONS[act or activations()]
+    mins, sums = m.mins, 0
+    if mins is not None:
+        if not code:  # x's group sums, for the fp32 kernels
+            scratch = torch.empty(rows * (k // m.group))
+            sums = scratch.data_ptr()
+        mins = mins.data_ptr()
     failed = f(
         x.data_ptr(),
         rows,
@@ -163,6 +158,7 @@ def packed_linear_cpu(x: torch.Tensor, m, direct_rows: int = DIRECT_ROWS) -> tor
         sums,
         1 if rows * n * k < MIN_PARALLEL_WORK else kernel_threads(),
         direct_rows,
+        code,
     )
     if failed:
         raise MemoryError("packed matrix product: out of memory for scratch space")

@@ -9,7 +9,8 @@
  * What it computes is models/layers/decoder.py's layer (RMSNorm, fused q/k/v with optional
  * bias and per-head q/k RMSNorm, HF "rotate half" RoPE from the model's tables, grouped-
  * query causal attention over the static KV cache, fused gate/up SwiGLU), then the final
- * norm and the LM head, in fp32. Products are packed.c's, so they are batch-invariant;
+ * norm and the LM head, in fp32. Products are packed.c's (with fp32 or 8-bit activations,
+ * as the model says), so they are batch-invariant;
  * everything else here is computed per row in a fixed order that does not depend on how
  * many rows the pass has, or on the thread count. A verify block's rows therefore equal
  * decode steps bit for bit, which is what keeps every method greedy-identical to AR.
@@ -51,6 +52,7 @@ typedef struct {
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, inter, vocab, capacity, direct_rows;
+    int64_t act; /* ACT_F32 or ACT_Q8: what the products multiply (packed.h) */
     double eps, attn_scale;
     const Layer *layer;
     const float *norm; /* the final norm */
@@ -158,9 +160,10 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
 static float silu(float g) { return g / (1.0f + expf(-g)); }
 
 /* ---- products ------------------------------------------------------------------------ */
-/* columns [a, b) of y[M, ldy] = x[M, K] W^T (+ bias) */
-static int lin_columns(const Lin *w, const float *x, int64_t M, int64_t a, int64_t b,
-                       float *y, int64_t ldy, int64_t direct_rows, float *xs) {
+/* columns [a, b) of y[M, ldy] = x[M, K] W^T (+ bias); xq: x quantized (the packed segments'
+ * input when the model's products take 8-bit activations), else NULL */
+static int lin_columns(const Lin *w, const float *x, const Q8Rows *xq, int64_t M, int64_t a,
+                       int64_t b, float *y, int64_t ldy, int64_t direct_rows, float *xs) {
     for (int64_t s = 0; s < w->nsegs; s++) {
         const Seg *g = &w->segs[s];
         int64_t lo = a > g->row0 ? a : g->row0, hi = b < g->row0 + g->rows ? b : g->row0 + g->rows;
@@ -170,6 +173,12 @@ static int lin_columns(const Lin *w, const float *x, int64_t M, int64_t a, int64
             for (int64_t r = 0; r < M; r++)
                 for (int64_t n = lo; n < hi; n++)
                     y[r * ldy + n] = dot(x + r * w->K, d + (n - g->row0) * w->K, w->K);
+            continue;
+        }
+        if (xq) {
+            if (q8_columns(xq, g->q, g->bits, g->scale, g->mins, g->half, g->group,
+                           lo - g->row0, hi - g->row0, y + g->row0, ldy, 0))
+                return -1;
             continue;
         }
         if (g->mins) group_sums(x, M, w->K, g->group, xs);
@@ -304,10 +313,17 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
     /* shared: the residual stream, q/k/v, attention outputs, MLP channels; then each
      * thread's own: normed rows, x's group sums (groups of 16 at the smallest), scores */
     const int64_t own = T * widest + T * (widest / 16 + 1) + P + 8;
+    /* 8-bit activations: each thread quantizes a product's input rows once, into its own
+     * buffer (the same rows on every thread: cheaper than a barrier to share them) */
+    const int q8 = m->act != ACT_F32;
+    const int64_t qown = q8 ? (q8_bytes(T, natt > widest ? natt : widest) + 63) / 64 * 64 : 0;
+    /* share units: columns of the 8-bit products go by whole panels of 16 */
+    const int64_t unit = q8 ? 16 : 4;
     float *x = malloc(sizeof(float) * T * H), *qkv = malloc(sizeof(float) * T * nqkv);
     float *att = malloc(sizeof(float) * T * natt), *act = malloc(sizeof(float) * T * 2 * I);
     float *mine = malloc(sizeof(float) * own * nthreads);
-    int failed = !x || !qkv || !att || !act || !mine;
+    uint8_t *qmine = q8 ? malloc(qown * nthreads) : NULL;
+    int failed = !x || !qkv || !att || !act || !mine || (q8 && !qmine);
     if (!failed) {
         memcpy(x, x_in, sizeof(float) * T * H);
         Barrier bar = {0, 0, 0, 1};
@@ -317,6 +333,8 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
 #pragma omp single
             bar.n = nt;
             float *h = mine + id * own, *xs = h + T * widest, *scores = xs + T * (widest / 16 + 1);
+            Q8Rows rows, *xq = q8 ? &rows : NULL;
+            void *qbuf = q8 ? qmine + id * qown : NULL;
             for (int64_t l = 0; l < m->layers; l++) {
                 const Layer *L = &m->layer[l];
                 float *kc = m->k + l * nkv * cap * d, *vc = m->v + l * nkv * cap * d;
@@ -324,8 +342,9 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
                 /* q/k/v */
                 for (int64_t t = 0; t < T; t++)
                     rms_norm(x + t * H, L->attn_norm, H, m->eps, h + t * H);
-                share(nqkv, 4, id, nt, &a, &b);
-                bad |= lin_columns(&L->qkv, h, T, a, b, qkv, nqkv, m->direct_rows, xs);
+                if (q8) q8_rows(h, T, H, qbuf, xq);
+                share(nqkv, unit, id, nt, &a, &b);
+                bad |= lin_columns(&L->qkv, h, xq, T, a, b, qkv, nqkv, m->direct_rows, xs);
                 barrier_wait(&bar, &sense);
                 /* per head: q/k norms, RoPE; keys and values into the cache */
                 share(T * (nq + nkv), 1, id, nt, &a, &b);
@@ -353,25 +372,29 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */
-                share(H, 4, id, nt, &a, &b);
-                bad |= lin_columns(&L->o, att, T, a, b, act, H, m->direct_rows, xs);
+                if (q8) q8_rows(att, T, L->o.K, qbuf, xq);
+                share(H, unit, id, nt, &a, &b);
+                bad |= lin_columns(&L->o, att, xq, T, a, b, act, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += act[t * H + n];
                 barrier_wait(&bar, &sense);
                 /* the MLP: gate and up columns of the same channels in one share */
                 for (int64_t t = 0; t < T; t++)
                     rms_norm(x + t * H, L->ffn_norm, H, m->eps, h + t * H);
-                share(I, 4, id, nt, &a, &b);
-                bad |= lin_columns(&L->gate_up, h, T, a, b, act, 2 * I, m->direct_rows, xs);
-                bad |= lin_columns(&L->gate_up, h, T, I + a, I + b, act, 2 * I, m->direct_rows, xs);
+                if (q8) q8_rows(h, T, H, qbuf, xq);
+                share(I, unit, id, nt, &a, &b);
+                bad |= lin_columns(&L->gate_up, h, xq, T, a, b, act, 2 * I, m->direct_rows, xs);
+                bad |= lin_columns(&L->gate_up, h, xq, T, I + a, I + b, act, 2 * I, m->direct_rows,
+                                   xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++)
                         act[t * 2 * I + n] = silu(act[t * 2 * I + n]) * act[t * 2 * I + I + n];
                 barrier_wait(&bar, &sense);
                 /* down, and the residual */
-                share(H, 4, id, nt, &a, &b);
+                share(H, unit, id, nt, &a, &b);
                 for (int64_t t = 0; t < T; t++) memcpy(h + t * I, act + t * 2 * I, sizeof(float) * I);
-                bad |= lin_columns(&L->down, h, T, a, b, att, H, m->direct_rows, xs);
+                if (q8) q8_rows(h, T, I, qbuf, xq);
+                bad |= lin_columns(&L->down, h, xq, T, a, b, att, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += att[t * H + n];
                 for (int64_t k = 0; k < ntaps; k++)
@@ -385,14 +408,16 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
             int64_t a, b, first = T - num_logits;
             for (int64_t t = 0; t < num_logits; t++)
                 rms_norm(x + (first + t) * H, m->norm, H, m->eps, h + t * H);
-            share(m->vocab, 4, id, nt, &a, &b);
-            bad |= lin_columns(&m->head, h, num_logits, a, b, logits, m->vocab, m->direct_rows, xs);
+            if (q8) q8_rows(h, num_logits, H, qbuf, xq);
+            share(m->vocab, unit, id, nt, &a, &b);
+            bad |= lin_columns(&m->head, h, xq, num_logits, a, b, logits, m->vocab, m->direct_rows,
+                               xs);
             if (bad) {
 #pragma omp atomic write
                 failed = 1;
             }
         }
     }
-    free(x), free(qkv), free(att), free(act), free(mine);
+    free(x), free(qkv), free(att), free(act), free(mine), free(qmine);
     return failed ? -1 : 0;
 }

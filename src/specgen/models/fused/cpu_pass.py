@@ -20,7 +20,7 @@ import time
 import torch
 
 from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
-from specgen.kernels.packed import DIRECT_ROWS
+from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.family import family_of
 from specgen.models.formats import weights as weights_module
@@ -73,6 +73,7 @@ class FusedPass:
             inter=a.intermediate_size,
             vocab=a.vocab_size,
             direct_rows=DIRECT_ROWS,
+            act=ACTIVATIONS[activations()],
             eps=a.rms_norm_eps,
             attn_scale=1.0 / math.sqrt(a.head_dim),
             layer=layers,
@@ -166,7 +167,7 @@ class FusedPass:
         """The model's pass (built on first use, rebuilt after its weights changed), or
         None where the model cannot run fused (that answer kept too: it is asked every
         forward)."""
-        key = (weights_module.generation(), wanted())
+        key = (weights_module.generation(), wanted(), activations())
         known = model.__dict__.get("_fused")
         if known is not None and known[0] == key:
             return known[1]

@@ -1,9 +1,9 @@
-/* Packed-weight products with 16-lane (AVX-512) vectors: packed.c's contract, a different
- * arithmetic. Compiled only where the compiler targets AVX-512 (-march=native on such a
- * CPU); elsewhere this file is empty and packed.c's 8-lane code runs.
+/* Packed-weight products with fp32 activations in 16-lane (AVX-512) vectors: f32x8.c's
+ * contract, a different arithmetic. Compiled only where the compiler targets AVX-512;
+ * elsewhere this file is empty and f32x8.c's code runs.
  *
  * Why a second kernel: a verify block's extra rows are bound by multiply-adds, not by
- * memory. packed.c spends five 8-lane operations per row on 32 weights (a product per
+ * memory. f32x8.c spends five 8-lane operations per row on 32 weights (a product per
  * block, then its scale); here each weight is scaled once, when it is unpacked, and shared
  * by every row: two 16-lane multiply-adds per row per 32 weights, with up to 4 rows x 4
  * columns of accumulators held in registers.
@@ -21,7 +21,7 @@
 
 #include "packed.h"
 
-#if defined(__AVX512F__)
+#if defined(WIDE)
 #include <immintrin.h>
 
 #define WL 16  /* lanes */

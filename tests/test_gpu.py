@@ -154,3 +154,19 @@ def test_verify_costs_replay_the_step_graphs(cuda_ar, monkeypatch):
     table = measure_costs(cuda_ar.model, 3, contexts=(16,), repeats=2, graphs=True)
     assert table.max_drafts == 3 and all(s > 0 for s in table.seconds[0])
     assert replays and replays[-1] == 4  # one graph per block size, 1..4 tokens
+
+
+@pytest.mark.parametrize("name", ["ngram", "dflash", "stacked"])
+def test_answers_at_once_on_cuda_are_each_as_alone(cuda_ar, tiny_dflash, tiny_dspark, name):
+    """Streams on CUDA: each answer's rows through its own session's CUDA graphs, greedy
+    as any engine alone, seeded as the sync loop alone."""
+    from dataclasses import replace
+
+    from specgen.api.streams import generate_many
+
+    pipe = cuda_ar.with_spec(replace(_specs(tiny_dflash, tiny_dspark)[name], engine="sync"))
+    for sampling in (None, SamplingParams(temperature=0.8, seed=7)):
+        want = [pipe.generate(p, sampling=sampling, max_new_tokens=24,
+                              session=pipe.new_session()).token_ids for p in PROMPTS]  # fmt: skip
+        got = generate_many(pipe, PROMPTS, parallel=2, sampling=sampling, max_new_tokens=24)
+        assert [c.token_ids for c in got] == want

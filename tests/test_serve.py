@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from specgen.serve.server import default_parallel
 from support.serve import CPU, Server, generate, streamed
 
 # servers, subprocesses or whole CLI runs: not the quick tier
@@ -62,7 +63,8 @@ def spec(method: str) -> dict:
 def test_ready_line_models_and_health(server, client):
     models = client.models.list().data
     assert len(models) == 1
-    assert server.ready == f"serving {models[0].id} ({', '.join(METHODS)}) on {server.base}"
+    said = f"{', '.join(METHODS)}, {default_parallel()} slots"
+    assert server.ready == f"serving {models[0].id} ({said}) on {server.base}"
     assert models[0].model_extra["specgen"]["methods"] == list(METHODS)
     health = httpx.get(server.url + "/health").json()  # open without the key
     assert health["status"] == "ok" and health["methods"] == list(METHODS)

@@ -20,13 +20,14 @@ from support.serve import CPU, FIELDS, Server
 pytestmark = pytest.mark.slow
 
 GRACE = 2  # --shutdown-timeout
+SLOTS = 2  # --parallel
 BOUND = GRACE + 2 + 1 + 3  # grace, CUT_WAIT, CLOSE_WAIT, and slack for a busy machine
 
 
 @pytest.fixture(scope="module")
 def server(embedded_dir):
     srv = Server("--model", "smollm2-135m", "--methods", "ar", "--queue-size", "8",
-                 "--shutdown-timeout", str(GRACE), *CPU)  # fmt: skip
+                 "--parallel", str(SLOTS), "--shutdown-timeout", str(GRACE), *CPU)  # fmt: skip
     yield srv
     if srv.proc.poll() is None:
         srv.stop()
@@ -110,13 +111,13 @@ def test_a_fuzz_of_200_requests_gets_no_5xx_and_no_hang(server):
 
 
 def test_sigterm_with_abandoned_requests_exits_within_the_grace(server):
-    """Last: it stops the server. A long answer runs; two non-streamed and two streamed
-    clients give up while queued; one more waits. SIGTERM: /health says stopping, the
-    long answer is cut after the grace (its stream still ends), the waiting one gets a
-    503, and the process exits 0 within the bound, with no traceback."""
-    lines: list[str] = []
+    """Last: it stops the server. A long answer runs in every slot; two non-streamed and
+    two streamed clients give up while queued; one more waits. SIGTERM: /health says
+    stopping, the long answers are cut after the grace (their streams still end), the
+    waiting one gets a 503, and the process exits 0 within the bound, with no traceback."""
+    streams: list[list[str]] = [[] for _ in range(SLOTS)]
 
-    def long_answer() -> None:
+    def long_answer(lines: list[str]) -> None:
         with server.http() as http:
             body = {"prompt": "Count from one to five hundred:", "max_tokens": 2000,
                     "stream": True, "ignore_eos": True}  # long, whatever the model says
@@ -129,9 +130,10 @@ def test_sigterm_with_abandoned_requests_exits_within_the_grace(server):
         with server.http() as http:
             waiting.append(http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 5}))
 
-    threads = [threading.Thread(target=long_answer)]
-    threads[0].start()
-    while health(server)["running"] == 0:
+    threads = [threading.Thread(target=long_answer, args=(lines,)) for lines in streams]
+    for thread in threads:
+        thread.start()
+    while health(server)["running"] < SLOTS:
         time.sleep(0.05)
     with server.http() as http:
         for _ in range(2):  # non-streamed, abandoned while queued
@@ -144,7 +146,7 @@ def test_sigterm_with_abandoned_requests_exits_within_the_grace(server):
                     for _ in r.iter_lines():
                         pass
     threads.append(threading.Thread(target=wait_for_answer))
-    threads[1].start()
+    threads[-1].start()
     time.sleep(0.3)
     start = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
@@ -159,10 +161,11 @@ def test_sigterm_with_abandoned_requests_exits_within_the_grace(server):
     for thread in threads:
         thread.join(10)
     assert elapsed < BOUND, elapsed
-    assert lines[-1] == "data: [DONE]"
-    final = json.loads(lines[-2][len("data: ") :])
-    assert final["choices"][0]["finish_reason"] == "length"  # an OpenAI reason
-    assert final["specgen"]["cut"] == "shutdown"
+    for lines in streams:  # every answer in flight ends, cut, with its finish and [DONE]
+        assert lines[-1] == "data: [DONE]"
+        final = json.loads(lines[-2][len("data: ") :])
+        assert final["choices"][0]["finish_reason"] == "length"  # an OpenAI reason
+        assert final["specgen"]["cut"] == "shutdown"
     assert waiting and waiting[0].status_code == 503
     assert waiting[0].json()["error"]["code"] == "shutting_down"
     log = "".join(server.log)

@@ -161,8 +161,8 @@ def test_histogram_counts_steps_by_accepted_drafts():
 
 def test_a_full_queue_answers_503_with_retry_after():
     from specgen.serve.app import Service, build_app
+    from specgen.serve.job import Overloaded
     from specgen.serve.metrics import Metrics
-    from specgen.serve.worker import Overloaded
 
     def submit(job):
         raise Overloaded(3)

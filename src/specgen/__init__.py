@@ -7,6 +7,8 @@ Public API:
     SamplingParams(temperature, top_k, top_p, seed)
     SpecConfig(method=AR | "ngram" | "dflash" | "dspark" | "stacked", drafter, ...)  (AR = "ar")
     Pipeline.with_spec(spec) -> another method on the same loaded target
+    Pipeline.generate_many(prompts, parallel=4) -> list[Completion], batched
+    Streams(pipes, parallel) -> several answers at once (open / step / close)
 """
 
 import os
@@ -34,6 +36,8 @@ _PUBLIC = {
     "Chunk": "specgen.api.pipeline",
     "Completion": "specgen.api.pipeline",
     "Pipeline": "specgen.api.pipeline",
+    "Stream": "specgen.api.streams",
+    "Streams": "specgen.api.streams",
 }
 
 
@@ -61,5 +65,7 @@ __all__ = [
     "SamplingParams",
     "SpecConfig",
     "SpecgenError",
+    "Stream",
+    "Streams",
     "__version__",
 ]

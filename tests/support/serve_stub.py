@@ -107,3 +107,4 @@ def stub_app(pipe: StubPipe, max_tokens: int = 16, **service):
             yield http
     finally:
         worker.close()
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specgen.api.loader import Decoding, Target, load_decoding, load_target
 from specgen.api.spec import checked_spec
@@ -36,6 +36,9 @@ from specgen.scheduling.cost import CostTable
 from specgen.scheduling.learning import Schedulers
 from specgen.text.codec import Detokenizer, TextCodec
 from specgen.verify.constraint import Constraint
+
+if TYPE_CHECKING:
+    from specgen.api.streams import Streams
 
 Prompt = str | list[dict[str, str]]  # text, or a chat conversation
 
@@ -291,15 +294,8 @@ class Pipeline:
         been given (a bench's repeats of one prompt)."""
         checked_max_new_tokens(max_new_tokens)
         session = session or self.session
-        new_ids = session.prepare(prompt_ids)
         params = sampling or SamplingParams()
-        if session.drafter is not None:  # a seeded sampling answer starts from the prior
-            session.scheduler = self.schedulers.for_answer(session.scheduler, params)
-        stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
-        stats.method = self.spec.method
-        stats.trace = [] if self.spec.trace else None
-        if session.drafter is not None:
-            stats.verify_policy = str(session.scheduler.policy if session.scheduler else "full")
+        new_ids, stats = self.prepare_answer(session, prompt_ids, params)
         events = decode(
             session,
             new_ids,
@@ -317,15 +313,59 @@ class Pipeline:
             for event in events:
                 output.extend(event.tokens)
                 stats.record(event)
-                yield _chunk(event, detok, stats)
+                yield chunk_of(event, detok, stats)
         finally:
             events.close()  # the overlap engine's thread is done after this
-            session.settle(prompt_ids + output)
-            self.schedulers.finished(session.scheduler)
-            if session.drafter is not None and remember:
-                session.drafter.answered(prompt_ids, output)
-        if self._watch is not None:  # an answer that ran to its end: its steps judge costs
+            self.settle_answer(session, prompt_ids, output, remember=remember)
+        self.judge_costs(stats, session)
+
+    def prepare_answer(
+        self, session: Session, prompt_ids: list[int], params: SamplingParams
+    ) -> tuple[list[int], GenStats]:
+        """`session` ready to answer `prompt_ids` (its cached prefix kept, its scheduler
+        chosen): the ids still to prefill, and the answer's stats, started."""
+        new_ids = session.prepare(prompt_ids)
+        if session.drafter is not None:  # a seeded sampling answer starts from the prior
+            session.scheduler = self.schedulers.for_answer(session.scheduler, params)
+        stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))
+        stats.method = self.spec.method
+        stats.trace = [] if self.spec.trace else None
+        if session.drafter is not None:
+            stats.verify_policy = str(session.scheduler.policy if session.scheduler else "full")
+        return new_ids, stats
+
+    def settle_answer(
+        self, session: Session, prompt_ids: list[int], output: list[int], *, remember: bool = True
+    ) -> None:
+        """An answer on `session` ended (done or cut off) after `prompt_ids` + `output`: the
+        cache trusted only for what it holds, what the scheduler learnt kept for the next
+        answers, and with `remember` the answer given to the drafter (suffix's store)."""
+        session.settle(prompt_ids + output)
+        self.schedulers.finished(session.scheduler)
+        if session.drafter is not None and remember:
+            session.drafter.answered(prompt_ids, output)
+
+    def judge_costs(self, stats: GenStats, session: Session) -> None:
+        """An answer that ran to its end, alone: its steps judge the cost table (measured
+        again when they disagree, engine/costs.CostWatch)."""
+        if self._watch is not None:
             self._watch.after(stats, self.schedulers, session.scheduler)
+
+    def streams(self, parallel: int = 4) -> Streams:
+        """Up to `parallel` answers at once on this pipeline, their steps batched
+        (api/streams.py; `Streams(pipes, ...)` serves several methods of one target)."""
+        from specgen.api.streams import Streams
+
+        return Streams(self, parallel)
+
+    def generate_many(
+        self, prompts: list[Prompt], *, parallel: int = 4, **options: Any
+    ) -> list[Completion]:
+        """Every prompt's completion, `parallel` answered at once (`generate`'s options;
+        each answer is the one `generate` gives alone)."""
+        from specgen.api.streams import generate_many
+
+        return generate_many(self, prompts, parallel=parallel, **options)
 
     def prompt_logprobs(
         self, prompt_ids: list[int], *, top: int = 0, session: Session | None = None
@@ -370,7 +410,7 @@ class Pipeline:
         return Completion(prompt, self.codec.decode(ids), ids, stats, logprobs if asked else None)
 
 
-def _chunk(event: StepEvent, detok: Detokenizer, stats: GenStats) -> Chunk:
+def chunk_of(event: StepEvent, detok: Detokenizer, stats: GenStats) -> Chunk:
     """A step's text: accepted drafts first, then the target's own token, so views can
     colour them apart. With logprobs, token by token, so each token's text is known."""
     drafts = min(event.accepted, len(event.tokens))

@@ -25,6 +25,8 @@ Examples:
   specgen serve --model qwen3-8b --method dspark --api-key "$KEY"
 
   specgen serve --methods ar,dflash,dspark --port 0
+
+  specgen serve --parallel 8 --queue-size 64
 """
 
 DEFAULT = "Default for requests that do not set it"
@@ -75,11 +77,20 @@ def serve(
             "web page (or set SPECGEN_API_KEY).",
         ),
     ] = None,
+    parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--parallel",
+            help="Answers generated at once (slots), their steps batched; each slot holds a "
+            "KV cache of the whole --context. Default: one per CPU core, 2 to 4.",
+        ),
+    ] = None,
     queue_size: Annotated[
         int,
         typer.Option(
             "--queue-size",
-            help="Requests that may wait while one is answered; beyond it, 503 + Retry-After.",
+            help="Requests that may wait while every slot answers; beyond it, 503 + "
+            "Retry-After.",
         ),
     ] = 16,
     max_body_bytes: Annotated[
@@ -124,7 +135,7 @@ def serve(
             think=run.think,
         )  # fmt: skip
         config = ServeConfig(
-            host=host, port=port, api_key=api_key, queue_size=queue_size,
+            host=host, port=port, api_key=api_key, parallel=parallel, queue_size=queue_size,
             max_body_bytes=max_body_bytes,
             shutdown_timeout=shutdown_timeout, body_timeout=body_timeout,
             defaults=defaults, quiet=run.quiet,

@@ -83,6 +83,9 @@ class VerifyScheduler:
         self._picked: DraftOption | None = None  # `pick`'s choice for the coming draft
         self._planned = 0  # its draft length (options without confidences)
         self._incumbent: int | None = None  # the bucket that drafted the last drafted step
+        # the step prices to decide the coming step by, n = 0..max drafts, when the table's
+        # alone would be wrong: a step shared with other answers (scheduling/batch.py)
+        self.step_prices: list[float] | None = None
 
     def learn_from(self, earlier: VerifyScheduler) -> None:
         """Start from what an earlier session learnt (its history and how far apart its
@@ -111,7 +114,7 @@ class VerifyScheduler:
             return bucket, self.draft_length(room)
         if len(options) == 1 or self.costs is None:
             return options[0].bucket, room
-        steps = self.costs.step_seconds(context)
+        steps = self._steps(context)
         prices = [self._price(o, steps)[0] for o in options]
         return options[self._best(options, prices, steps)].bucket, room
 
@@ -120,7 +123,7 @@ class VerifyScheduler:
         expected tokens per second, or None when none is expected to beat a plain decoding
         step (then call `skipped`), save for a probe (`Probes`)."""
         assert self.costs is not None and options
-        steps = self.costs.step_seconds(context)
+        steps = self._steps(context)
         prices, lengths = zip(*(self._price(o, steps) for o in options), strict=True)
         best = self._best(options, list(prices), steps)
         option = options[best]
@@ -142,7 +145,14 @@ class VerifyScheduler:
         """The expected tokens per second of drafting with `option` now, as `pick` and
         the stacked comparison (before an option has steps of its own) weigh it."""
         assert self.costs is not None
-        return self._price(option, self.costs.step_seconds(context))[0]
+        return self._price(option, self._steps(context))[0]
+
+    def _steps(self, context: int) -> list[float]:
+        """Step prices by verify length: `step_prices` when set, else the table's."""
+        assert self.costs is not None
+        return self.step_prices if self.step_prices is not None else self.costs.step_seconds(
+            context
+        )
 
     def _cost(self, source: str | None) -> Callable[[int], float]:
         """A drafter's time to draft k tokens (k <= 0: its longest)."""
@@ -215,7 +225,7 @@ class VerifyScheduler:
             threshold = self.policy.threshold if self.policy.kind == "threshold" else 0.0
             return threshold_length(conditional, threshold)
         assert self.costs is not None
-        steps = self.costs.step_seconds(context)
+        steps = self._steps(context)
         paid = self.costs.draft_cost(draft.length, draft.source)
         if known:  # the drafter's own estimates: decide slot by slot (see verify_length.py)
             return choose_verify_length(conditional, step_seconds=steps, draft_seconds=paid)

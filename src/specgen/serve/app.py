@@ -26,13 +26,13 @@ from starlette.requests import ClientDisconnect
 
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError
+from specgen.serve.job import Delta, Failed, Job
 from specgen.serve.jobs import Queued, collect, queue_job, read_json, sse_response
 from specgen.serve.logprobs import Entry, chat_logprobs, completion_logprobs
 from specgen.serve.openai_api import Reply, usage
 from specgen.serve.responses import add_responses_route
 from specgen.serve.service import CLIENT_CLOSED, Service
 from specgen.serve.tokenizing import add_routes as add_tokenizer_routes
-from specgen.serve.worker import Delta, Failed, Job
 
 __all__ = ["Service", "build_app", "error_response"]
 

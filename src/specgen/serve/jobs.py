@@ -21,11 +21,11 @@ from specgen.serve import grammar as structured
 from specgen.serve import limits
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid
+from specgen.serve.job import Delta, Done, Failed, Job, Overloaded
 from specgen.serve.logprobs import Entry
 from specgen.serve.openai_api import GenRequest, parse
 from specgen.serve.service import Service
 from specgen.serve.tool_calls import Call, Content, ToolStream
-from specgen.serve.worker import Delta, Done, Failed, Job, Overloaded
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline

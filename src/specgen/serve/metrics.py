@@ -39,16 +39,25 @@ class Metrics:
         self._finish: dict[str, int] = defaultdict(int)
         self._methods = {m: _Method() for m in methods}
         self._prompt = self._cached = self._completion = 0
-        self.queued = lambda: 0  # set by the server: answers waiting, and one running
+        self.queued = lambda: 0  # set by the server: answers waiting, and those running
         self.running = lambda: 0
+        self.parallel = 1  # slots (set by the server)
+        self.slots = lambda: []  # set by the server: each busy slot's answer so far
+        self.batch = lambda: None  # set by the server: engine/batch.Counters
+        self._per_slot: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
 
     def request(self, path: str, status: int) -> None:
         route = path if path in ROUTES else "other"
         with self._lock:
             self._requests[(route, status)] += 1
 
-    def answer(self, stats: GenStats, finish: str) -> None:
+    def answer(self, stats: GenStats, finish: str, slot: int | None = None) -> None:
         with self._lock:
+            if slot is not None:  # answers, tokens and prompt tokens from its cache
+                counts = self._per_slot[slot]
+                counts[0] += 1
+                counts[1] += stats.new_tokens
+                counts[2] += stats.prompt_tokens - stats.prefill_tokens
             self._finish[finish] += 1
             self._prompt += stats.prompt_tokens
             self._cached += stats.prompt_tokens - stats.prefill_tokens
@@ -81,9 +90,12 @@ class Metrics:
                 families.append((name, kind, help_, samples))
             families += [
                 ("queue_depth", "gauge", "Requests waiting for the worker.", [("", self.queued())]),
-                ("requests_running", "gauge", "Answers being generated (0 or 1).",
+                ("requests_running", "gauge", "Answers being generated (one a slot at most).",
                  [("", self.running())]),
+                ("slots", "gauge", "Slots: answers generated at once at most (--parallel).",
+                 [("", self.parallel)]),
             ]  # fmt: skip
+            families += self._slot_families()
         out: list[str] = []
         for name, kind, help_, samples in families:
             out += [f"# HELP specgen_{name} {help_}", f"# TYPE specgen_{name} {kind}"]
@@ -92,6 +104,41 @@ class Metrics:
                     f"specgen_{name}{{{labels}}} {value}" if labels else f"specgen_{name} {value}"
                 )
         return "\n".join(out) + "\n"
+
+    def _slot_families(self) -> list:
+        busy = {s["slot"]: s for s in self.slots()}
+        slots = range(self.parallel)
+        per = self._per_slot
+        out = [
+            ("slot_busy", "gauge", "1 while the slot answers.",
+             [(f'slot="{i}"', int(i in busy)) for i in slots]),
+            ("slot_context_tokens", "gauge", "Tokens of the slot's answer so far (prompt and "
+             "output; 0 when idle).", [(f'slot="{i}"', busy[i]["context"] if i in busy else 0)
+                                       for i in slots]),
+            ("slot_answers_total", "counter", "Answers the slot finished.",
+             [(f'slot="{i}"', per[i][0] if i in per else 0) for i in slots]),
+            ("slot_generation_tokens_total", "counter", "Tokens the slot generated.",
+             [(f'slot="{i}"', per[i][1] if i in per else 0) for i in slots]),
+            ("slot_prompt_tokens_cached_total", "counter",
+             "Prompt tokens the slot's answers found in their session's cache.",
+             [(f'slot="{i}"', per[i][2] if i in per else 0) for i in slots]),
+        ]  # fmt: skip
+        counters = self.batch()
+        if counters is not None:
+            sizes = sorted(counters.by_size.items())
+            out += [
+                ("batch_steps_total", "counter", "Steps run (each one step of every answer "
+                 "in a slot).", [("", counters.steps)]),
+                ("batch_answers_total", "counter", "Answers in each step, summed (/ steps: "
+                 "the mean batch).", [("", counters.answers)]),
+                ("batch_rows_total", "counter", "Target rows run (prompt chunks, anchors, "
+                 "drafts).", [("", counters.rows)]),
+                ("batch_draft_rows_total", "counter", "Target rows that verified drafts.",
+                 [("", counters.drafted)]),
+                ("batch_steps_by_size_total", "counter", "Steps by the answers in them.",
+                 [(f'answers="{n}"', k) for n, k in sizes]),
+            ]  # fmt: skip
+        return out
 
 
 _PER_METHOD = [

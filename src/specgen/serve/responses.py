@@ -23,10 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from specgen.serve.errors import invalid
+from specgen.serve.job import Delta, Done, Failed
 from specgen.serve.jobs import Queued, collect, queue_job, read_json, sse_response
 from specgen.serve.service import CLIENT_CLOSED, Service
 from specgen.serve.tool_calls import Call, Content
-from specgen.serve.worker import Delta, Done, Failed
 
 REFUSED = ("previous_response_id", "conversation", "background", "prompt")
 PASSED = ("temperature", "top_p", "parallel_tool_calls", "stream", "seed", "user")

@@ -14,6 +14,7 @@ does all of it at once. The exit status is 0: stopping on a signal is how a serv
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from specgen.serve.worker import Worker
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
 
+MAX_PARALLEL = 256
 CUT_WAIT = 2.0  # seconds a cut answer gets to reach its next step or prefill chunk
 CLOSE_WAIT = 1.0  # seconds open connections get to take their last bytes once drained
 
@@ -46,7 +48,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: a free port, printed in the ready line
     api_key: str | None = None
-    queue_size: int = 16  # requests that may wait while one is answered
+    parallel: int | None = None  # answers at once (slots); None: from the machine
+    queue_size: int = 16  # requests that may wait while the slots are busy
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer request body is a 413
     shutdown_timeout: float = 5.0  # seconds answers in flight get after the first signal
     body_timeout: float = 30.0  # seconds a client may take to send its request body
@@ -59,6 +62,8 @@ class ServeConfig:
         """Bad values fail before the model loads."""
         if not 0 <= self.port <= 65535:
             raise SpecgenError(f"--port must be in [0, 65535] (got {self.port})")
+        if self.parallel is not None and not 1 <= self.parallel <= MAX_PARALLEL:
+            raise SpecgenError(f"--parallel must be in [1, {MAX_PARALLEL}] (got {self.parallel})")
         if self.queue_size < 1:
             raise SpecgenError(f"--queue-size must be at least 1 (got {self.queue_size})")
         if self.max_body_bytes < 1:
@@ -76,13 +81,19 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
     until a signal. `load` runs in the worker thread, which then owns all torch work."""
     config.check()
     sock = _listen(config.host, config.port)  # before the slow part: a busy port fails now
-    worker = Worker(load, queue_size=config.queue_size, debug=config.debug, log=config.log)
+    parallel = config.parallel or default_parallel()
+    worker = Worker(
+        load, queue_size=config.queue_size, parallel=parallel, debug=config.debug, log=config.log
+    )
     try:
         pipes = worker.start()
         base = next(iter(pipes.values()))
         metrics = Metrics(tuple(pipes))
         metrics.queued = lambda: worker.queued
         metrics.running = lambda: worker.running
+        metrics.parallel = parallel
+        metrics.slots = worker.slots
+        metrics.batch = lambda: worker.streams.counters
         worker.metrics = metrics
         model = served_id(base.name)
         service = Service(
@@ -92,7 +103,8 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
         )  # fmt: skip
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host
-        ready = f"serving {model} ({', '.join(pipes)}) on http://{where}:{port}/v1"
+        slots = f"{parallel} slot" + ("" if parallel == 1 else "s")
+        ready = f"serving {model} ({', '.join(pipes)}, {slots}) on http://{where}:{port}/v1"
         uv = uvicorn.Config(
             build_app(service),
             lifespan="off",
@@ -104,6 +116,14 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
     finally:
         worker.close(timeout=CUT_WAIT)  # a thread stuck in a forward is a daemon: not waited
         sock.close()
+
+
+def default_parallel() -> int:
+    """Slots when --parallel is not given: one per CPU core up to 4 (more answers than
+    cores share each step's products, but every answer's own work, its drafting and
+    sampling, waits its turn), at least 2 so a short request never waits behind a long
+    one. Each slot holds a KV cache of the whole --context."""
+    return max(2, min(4, os.cpu_count() or 1))
 
 
 def served_id(name: str) -> str:

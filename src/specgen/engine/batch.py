@@ -1,0 +1,138 @@
+"""Several answers' steps at once: each step, every answer in the batch plans its rows (a
+prefill chunk, or its anchor and the drafts its scheduler decided on), the target runs
+them all, and each answer verifies and commits its own (engine/stepper.py).
+
+Drafting is decided per batch: before an answer plans, its scheduler is handed the prices
+of a step shared with the rows planned so far (scheduling/batch.py), so it drafts only
+when the extra rows are expected to pay for the whole batch; alone, the prices are the
+table's and it decides as it always has. Who decides first turns each step, so no answer
+always sees the others' drafts already in the price. A decision depends on the batch
+(and, as alone, on the measured costs), never on the tokens being judged, so every
+answer stays lossless. A seeded sampling answer decides as if alone: which draws fall on
+which token depends on its verify lengths, and a seeded answer must depend on its
+conversation and seed only (scheduling/learning.py), whatever else shares its steps.
+
+A failure belongs to the answer it happened in (its `Outcome` carries the error, the
+others go on); only a forward that fails fails every answer in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specgen.core.events import StepEvent
+from specgen.engine.stepper import Rows, Stepper
+from specgen.models.transformer import ForwardOutput
+from specgen.scheduling.batch import Part, RowCosts, SeparateForwards, batch_prices
+
+
+@dataclass
+class Outcome:
+    """One answer's part of a step: its event (None: a prefill chunk that is not the
+    last), or what went wrong in it."""
+
+    stepper: Stepper
+    event: StepEvent | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class Counters:
+    """What the steps ran (the server's /metrics)."""
+
+    steps: int = 0
+    rows: int = 0  # target rows, every answer's
+    answers: int = 0  # answers in each step, summed (/ steps: the mean batch)
+    drafted: int = 0  # rows that were drafts
+    by_size: dict[int, int] = field(default_factory=dict)  # answers in a step -> steps
+
+
+class Batch:
+    """Steps several answers together; `costs` says how a shared step is priced."""
+
+    def __init__(self, costs: RowCosts | None = None) -> None:
+        self.costs: RowCosts = costs or SeparateForwards()
+        self.counters = Counters()
+        self._turn = 0
+        self._decoding: set[int] = set()
+
+    @torch.inference_mode()
+    def step(self, steppers: Sequence[Stepper]) -> list[Outcome]:
+        """One step of every answer in `steppers` (none of them done); outcomes in order."""
+        live = list(steppers)
+        if not live:
+            return []
+        first = self._turn % len(live)
+        self._turn += 1
+        order = live[first:] + live[:first]
+        parts: dict[int, Part] = {id(s): (s.context, s.rows_now()) for s in live}
+        self._decoding = {id(s) for s in live if not s.prefilling}  # get a token this step
+        outcomes: dict[int, Outcome] = {}
+        planned: list[tuple[Stepper, Rows]] = []
+        for stepper in order:
+            try:
+                self._price(stepper, parts)
+                rows = stepper.plan()
+            except Exception as e:
+                outcomes[id(stepper)] = Outcome(stepper, error=e)
+                parts.pop(id(stepper))
+                continue
+            finally:
+                if stepper.scheduler is not None:
+                    stepper.scheduler.step_prices = None
+            parts[id(stepper)] = (stepper.context, len(rows.tokens))
+            planned.append((stepper, rows))
+        self._count(planned)
+        try:
+            outs = forward_all([rows for _, rows in planned])
+        except Exception as e:  # the forward all of them were in
+            for stepper, _ in planned:
+                outcomes[id(stepper)] = Outcome(stepper, error=e)
+            return [outcomes[id(s)] for s in live]
+        for (stepper, _), out in zip(planned, outs, strict=True):
+            try:
+                outcomes[id(stepper)] = Outcome(stepper, stepper.finish(out))
+            except Exception as e:
+                outcomes[id(stepper)] = Outcome(stepper, error=e)
+        return [outcomes[id(s)] for s in live]
+
+    def _price(self, stepper: Stepper, parts: dict[int, Part]) -> None:
+        """Hand `stepper`'s scheduler the prices of this step as planned so far, when it
+        will decide a draft by them (a cost policy with a table) and shares the step."""
+        scheduler = stepper.scheduler
+        if scheduler is None or not scheduler.prices_drafts or not stepper.drafts:
+            return
+        if stepper.seeded:  # a seeded sample depends on its conversation and seed alone
+            return
+        others = [part for key, part in parts.items() if key != id(stepper)]
+        if not others:
+            return  # alone: the table's own prices
+        producing = len(self._decoding - {id(stepper)})
+        assert scheduler.costs is not None
+        scheduler.step_prices = batch_prices(
+            scheduler.costs, self.costs, stepper.context, others, producing
+        )
+
+    def _count(self, planned: list[tuple[Stepper, Rows]]) -> None:
+        c = self.counters
+        c.steps += 1
+        c.answers += len(planned)
+        c.by_size[len(planned)] = c.by_size.get(len(planned), 0) + 1
+        for _, rows in planned:
+            c.rows += len(rows.tokens)
+            if not rows.prefill:
+                c.drafted += len(rows.tokens) - 1
+
+
+def forward_all(planned: Sequence[Rows]) -> list[ForwardOutput]:
+    """The target's output for each answer's rows. Each answer's rows are a forward of
+    their own here, which every target, weight format and device runs, with the same
+    bits as the answer alone."""
+    outs = []
+    for rows in planned:
+        tokens = torch.tensor([rows.tokens], device=rows.device)
+        outs.append(rows.forward(tokens, rows.cache, taps=rows.taps, num_logits=rows.num_logits))
+    return outs

@@ -1,0 +1,99 @@
+"""Pricing a step that several answers share (engine/batch.py), so each answer's scheduler
+decides whether its drafts pay for the whole batch, not for itself alone.
+
+An answer alone drafts k tokens when its expected tokens E(k) = 1 + a_1 + ... + a_k per
+step beat a plain step in tokens per second: E(k) / S(1 + k) > 1 / S(1), S(n) the time of
+a forward over n rows. In a batch the step's time T is shared by the m answers that get
+a token from it, and k extra rows make it longer by X(k) for every one of them; they pay
+when the tokens they add per second added beat the batch's own rate:
+(E(k) - 1) / X(k) > m / T. Each scheduler keeps its one rule if it is handed the prices
+
+    P(n) = T / m + X(n)    (n = 0..its longest verify)
+
+since E(k) / P(k) > 1 / P(0) is exactly the batch's rule. With one answer (T = S(1),
+m = 1) P(n) = S(1 + n): today's scheduler, to the bit. What X and T are depends on how
+the forwards run (`RowCosts`): each answer its own forward (the costs add up) or all rows
+in one forward (priced by the batch's rows, from costs measured per batch size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from specgen.scheduling.cost import CostTable
+
+# (tokens of context, rows) of one answer's part of a step
+Part = tuple[int, int]
+
+
+def rows_seconds(table: CostTable, context: int, rows: int) -> float:
+    """A forward over `rows` rows of one answer after `context` tokens: the table's price,
+    extended in a line past its longest verify (a prefill chunk)."""
+    return _on_a_line(table.step_seconds(context), max(rows, 1))
+
+
+class RowCosts(Protocol):
+    """What a step of several answers' rows costs."""
+
+    def seconds(self, table: CostTable, parts: Sequence[Part]) -> float: ...
+
+
+class SeparateForwards:
+    """Each answer's rows are a forward of its own: the step costs their sum."""
+
+    def seconds(self, table: CostTable, parts: Sequence[Part]) -> float:
+        return sum(rows_seconds(table, context, rows) for context, rows in parts)
+
+
+@dataclass(frozen=True)
+class OneForward:
+    """Every answer's rows in one forward: its products read each weight once for all
+    rows, so the step costs what a forward of that many rows costs, plus each answer's
+    attention over its own context (priced as the table's plain step at that context less
+    at the shortest one measured). The cost by rows is `by_rows[r - 1]`, or, when not
+    given, the table's own: its verify of r - 1 drafts is a forward of r rows (measured
+    per batch size as steps run), extended in a line past its longest."""
+
+    by_rows: tuple[float, ...] | None = None  # seconds of a forward over r rows
+
+    def seconds(self, table: CostTable, parts: Sequence[Part]) -> float:
+        rows = sum(r for _, r in parts)
+        if rows <= 0:
+            return 0.0
+        shortest = table.contexts[0]
+        if self.by_rows is None:
+            product = rows_seconds(table, shortest, rows)
+        else:
+            product = _on_a_line(self.by_rows, rows)
+        plain = table.step_seconds(shortest)[0]
+        attention = sum(max(0.0, table.step_seconds(c)[0] - plain) * r for c, r in parts)
+        return product + attention
+
+
+def _on_a_line(by_rows: Sequence[float], rows: int) -> float:
+    if rows <= len(by_rows):
+        return by_rows[rows - 1]
+    slope = by_rows[-1] - by_rows[-2] if len(by_rows) > 1 else by_rows[-1]
+    return by_rows[-1] + slope * (rows - len(by_rows))
+
+
+def batch_prices(
+    table: CostTable,
+    costs: RowCosts,
+    context: int,
+    others: Sequence[Part],
+    producing: int,
+) -> list[float]:
+    """The prices P(n), n = 0..table.max_drafts, that one answer's scheduler decides by
+    when it shares the step with `others` (their parts as planned so far), `producing` of
+    which get a token from it (decoding, not prefilling). See the module."""
+    if not others:  # alone: the table's own prices (not a sum that rounds differently)
+        return table.step_seconds(context)
+    plain = costs.seconds(table, [*others, (context, 1)])
+    share = plain / (producing + 1)
+    return [
+        share + costs.seconds(table, [*others, (context, 1 + n)]) - plain
+        for n in range(table.max_drafts + 1)
+    ]

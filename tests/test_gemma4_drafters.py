@@ -250,7 +250,7 @@ def test_the_gemma_4_12b_alias_its_stack_and_its_exports():
     eagle3 = "deepseek-ai/eagle3_gemma4_12b_ttt7"
     assert entry.drafters == {"dflash": zlab, "dspark": deepspec, "eagle3": eagle3}
     stacked = checked_spec(SpecConfig(method="stacked"), "gemma-4-12b").drafter
-    assert stacked == (zlab, deepspec, eagle3)
+    assert stacked == (zlab, deepspec, eagle3, "suffix")  # and the copy drafter beside them
     dspark = resolve_target("gemma-4-12b", "dspark", None, None)
     argv = shlex.split(launch_command("vllm", dspark))
     config = json.loads(argv[argv.index("--speculative-config") + 1])

@@ -23,7 +23,7 @@ N = 24
 def server(embedded_dir):
     srv = Server(
         "--model", "smollm2-135m", "--methods", "dflash,ar", "--verify-policy", "full",
-        "--queue-size", "1", *CPU,
+        "--queue-size", "1", "--parallel", "1", *CPU,  # one slot, one place in the queue
     )  # fmt: skip
     yield srv
     srv.stop()

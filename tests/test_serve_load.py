@@ -40,7 +40,7 @@ def server(tiny_qwen3_deep, tiny_dflash):
     srv = Server(
         "--model", str(tiny_qwen3_deep), "--methods", ",".join(METHODS),
         "--drafter", str(tiny_dflash), "--verify-policy", "full", "--shutdown-timeout", "0",
-        "--quiet", *CPU,
+        "--quiet", "--parallel", "1", *CPU,  # one slot: the queue is what the SIGTERM test holds
     )  # fmt: skip
     yield srv
     srv.stop()

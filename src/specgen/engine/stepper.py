@@ -137,7 +137,9 @@ class Stepper:
             return Rows(ids, self.cache, session.forward, taps, 1, device)
         proposal = empty_draft(device)
         if drafter is not None:
-            room = draft_room(drafter, self.scheduler, self._room(), self.cache.length)
+            room = draft_room(  # at the anchor: a free drafter is offered where it has a draft
+                drafter, self.scheduler, self._room(), self.cache.length, self.anchor, self.params
+            )
             if room > 0:
                 proposal = drafter.propose(self.anchor, room, self.params, self.generator)
         scheduler = self.scheduler

@@ -219,3 +219,68 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+
+
+GEMMA_TURNS = (  # Gemma's turn format, as google/gemma-3-*-it's template writes it
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def save_tiny_gemma3(path: Path, seed: int = 0, *, multimodal: bool = False, **text_overrides):
+    """A random tiny Gemma 3 saved as published: text-only `Gemma3ForCausalLM` (the 270M's
+    and 1B's layout) or, with `multimodal`, `Gemma3ForConditionalGeneration` (the 4B's and
+    up: a SigLIP tower and projector beside the text model under `model.language_model.`),
+    plus the tiny tokenizer. Six layers of pattern 3 (layers 2 and 5 global) by default, a
+    sliding window of 4 (verify blocks cross it), the local RoPE base 10000 against a
+    global one linearly scaled (as the 4B's), query_pre_attn_scalar 24 (not the head dim:
+    a wrong scale shows). Untied by default (published models tie; a random tied model
+    mostly repeats its last token). Every norm weight is perturbed around 0 (Gemma's 1 + w:
+    a norm read as w shows). Returns the model."""
+    import transformers
+
+    text = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=4,
+        sliding_window_pattern=3,
+        rope_theta=1e5,
+        rope_local_base_freq=10_000.0,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        initializer_range=0.2,  # peaked logits: greedy ties would make tests flaky
+    )
+    text.update(text_overrides)
+    torch.manual_seed(seed)
+    if multimodal:
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, image_size=16, patch_size=4)  # fmt: skip
+        config = transformers.Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4,
+            tie_word_embeddings=text["tie_word_embeddings"],
+        )  # fmt: skip
+        model = transformers.Gemma3ForConditionalGeneration(config).eval()
+        backbone = model.model.language_model
+    else:
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**text)).eval()
+        backbone = model.model
+    with torch.no_grad():
+        for name, weight in backbone.named_parameters():
+            if "norm" in name:  # zeros at init: a norm read as w instead of 1 + w shows
+                weight.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    tok = tiny_tokenizer()
+    tok.save_pretrained(path)
+    (path / "chat_template.jinja").write_text(GEMMA_TURNS)
+    return model

@@ -65,6 +65,10 @@ class Family(ABC):
         """Where the checkpoint keeps the decoder's tensors."""
         return "model."
 
+    def head_key(self, prefix: str) -> str:
+        """Where the checkpoint keeps an untied LM head (its backbone under `prefix`)."""
+        return "lm_head.weight"
+
     def drafter_config(self, flat: dict[str, Any]) -> dict[str, Any]:
         """The target's flat text config as a drafter of plain attention layers starts
         from it (`specgen train`): without the fields of layers a drafter does not have."""

@@ -113,7 +113,8 @@ class Transformer(nn.Module):
         yield Row(prefix + "embed_tokens.weight", self.embed, (a.vocab_size, a.hidden_size))
         yield Row(prefix + "norm.weight", self.norm, (a.hidden_size,))
         if not a.tie_word_embeddings:
-            yield Row("lm_head.weight", self.lm_head, (a.vocab_size, a.hidden_size))
+            head = self.family.head_key(prefix)
+            yield Row(head, self.lm_head, (a.vocab_size, a.hidden_size))
         for i, layer in enumerate(self.layers):
             yield from layer.plan(f"{prefix}layers.{i}.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specgen.core.config import ModelArgs
-from specgen.models.families import gemma4, llama, qwen3_5  # noqa: F401  (registers them)
+from specgen.models.families import gemma3, gemma4, llama, qwen3_5  # noqa: F401  (registers)
 from specgen.models.families.qwen3_5 import moe_refusal
 from specgen.models.family import family_for_type
 

@@ -1,5 +1,6 @@
-"""Gemma 4's decoder layer: the one layer of Gemma 4 targets (google/gemma-4-12B-it, -31B)
-and of DeepSpec's Gemma 4 drafters (`Gemma4DSparkModel`), each shaped by a `GemmaShape`.
+"""Gemma 4's decoder layer: the one layer of Gemma 4 targets (google/gemma-4-12B-it, -31B),
+of DeepSpec's Gemma 4 drafters (`Gemma4DSparkModel`) and of Gemma 3 targets, each shaped by
+a `GemmaShape`.
 
 What differs from the Llama-shaped layer (transformers' `Gemma4TextDecoderLayer` is the
 reference):
@@ -14,6 +15,10 @@ reference):
 - `shared`: a KV-shared layer projects queries only and attends over the keys and values
   already in its cache slot (an earlier layer's).
 Keys and values of a drafter's context come from the same projections (`project_kv`).
+Gemma 3's layer (transformers' `Gemma3DecoderLayer`) is the same four-norm GELU layer with
+three differences, each a `GemmaShape` field: no v norm (`v_norm`), scores scaled by
+query_pre_attn_scalar ** -0.5 (`scale`), and its norms' 1 + w, which the family adds to the
+weights once (families/gemma3.py), so the arithmetic here is unchanged.
 DeepSpec's Gemma 4 EAGLE-3 layer (`Gemma4Eagle3DecoderLayer`) is this layer with q/k/v
 reading 2H (`in_features`: its two normed halves, `qkv_of`) and the hidden input as the
 residual.
@@ -52,6 +57,8 @@ class GemmaShape:
     shared: bool = False  # no K/V of its own: it reads its cache slot (an earlier layer's)
     k_is_v: bool = False  # values are the key projection (no v_proj)
     approximate: str = "tanh"  # the MLP's GELU, F.gelu's form
+    v_norm: bool = True  # values RMSNormed without a scale (Gemma 4; not Gemma 3)
+    scale: float = 1.0  # of the attention scores (Gemma 3: query_pre_attn_scalar ** -0.5)
 
     @property
     def kv_rows(self) -> int:  # rows of its own k (and v) projection in the fused matrix
@@ -129,7 +136,8 @@ class GemmaLayer(nn.Module):
         k = rows[..., : s.kv_heads * s.head_dim].view(bsz, t, s.kv_heads, s.head_dim)
         v = k if s.k_is_v else rows[..., s.kv_heads * s.head_dim :].view_as(k)
         k = apply_rope(rms_norm(k, self.k_norm, s.eps), cos, sin)
-        return k.transpose(1, 2), unit_rms_norm(v, s.eps).transpose(1, 2)
+        v = unit_rms_norm(v, s.eps) if s.v_norm else v
+        return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(
         self,
@@ -146,7 +154,7 @@ class GemmaLayer(nn.Module):
         if mask is not None:  # a sliding window's mask starts at its first visible key
             lo = keys.shape[2] - mask.shape[-1]
             keys, values = keys[:, :, lo:], values[:, :, lo:]
-        return self._output(x, attention(q, keys, values, mask, causal, scale=1.0))
+        return self._output(x, attention(q, keys, values, mask, causal, scale=self.shape.scale))
 
     def forward_static(
         self,
@@ -166,7 +174,8 @@ class GemmaLayer(nn.Module):
         if kv is not None:
             cache.write_at(layer_id, positions, *kv)
         slot = cache.slot(layer_id)
-        out = block_attention(q, cache.k[slot], cache.v[slot], length, causal, window, scale=1.0)
+        k, v, scale = cache.k[slot], cache.v[slot], self.shape.scale
+        out = block_attention(q, k, v, length, causal, window, scale=scale)
         return self._output(x, out)
 
     def _project(
@@ -190,7 +199,8 @@ class GemmaLayer(nn.Module):
             return apply_rope(q, cos, sin).transpose(1, 2), None
         rows = self.q_rows + nkv * d
         raw_v = qkv[..., self.q_rows : rows] if s.k_is_v else qkv[..., rows:]
-        v = unit_rms_norm(raw_v.reshape(bsz, t, nkv, d), eps).transpose(1, 2)
+        v = raw_v.reshape(bsz, t, nkv, d)
+        v = (unit_rms_norm(v, eps) if s.v_norm else v).transpose(1, 2)
         qk = qkv[..., :rows].view(bsz, t, nq + nkv, d)  # q and k heads: one norm + RoPE pass
         qk = qk_norm_rope(qk, nq, self.q_norm, self.k_norm, cos, sin, eps)
         return qk[:, :, :nq].transpose(1, 2), (qk[:, :, nq:].transpose(1, 2), v)

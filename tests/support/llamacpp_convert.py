@@ -23,6 +23,7 @@ import numpy as np
 
 ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
         "qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_5": gguf.MODEL_ARCH.QWEN35,
+        "gemma3": gguf.MODEL_ARCH.GEMMA3, "gemma3_text": gguf.MODEL_ARCH.GEMMA3,
         "gemma4": gguf.MODEL_ARCH.GEMMA4}  # fmt: skip
 # llama-quantize's fallback for a K-quant tensor whose rows are not whole 256-blocks
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
@@ -39,7 +40,7 @@ def text_tensors(tensors: dict) -> dict[str, str]:
     for key in tensors:
         if key.startswith("mtp.") or any(t in key for t in ("visual.", "vision_", "audio_")):
             continue
-        if "embed_vision." in key or "embed_audio." in key:
+        if "embed_vision." in key or "embed_audio." in key or "multi_modal_projector." in key:
             continue
         out[key] = key.replace("language_model.", "")
     return out
@@ -76,6 +77,7 @@ class Converter:
     writes it; `unconvert(name, back)` -> the HF array the file's values define."""
 
     def __init__(self, arch: str, text: dict, names: gguf.TensorNameMap) -> None:
+        arch = "gemma3" if arch == "gemma3_text" else arch
         self.arch, self.text, self.names = arch, text, names
 
     def gguf_name(self, name: str) -> str:
@@ -132,6 +134,8 @@ class Converter:
                 w = -np.exp(w)
             elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
                 w = w + np.float32(1)
+        if self.arch == "gemma3" and name.endswith("norm.weight"):  # Gemma3Model.norm_shift
+            w = w + np.float32(1)
         return self.gguf_name(name), w
 
     def unconvert(self, name: str, back: np.ndarray) -> np.ndarray:
@@ -152,6 +156,9 @@ class Converter:
                 w = w[:, None, :]
             if name.endswith(".A_log"):  # kept float64: -exp of it is then the file's decay
                 return w
+        if self.arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1  # the model the file defines: its norms scale by the stored value
+            assert np.array_equal((w.astype(np.float32) + np.float32(1)), back), name  # exact
         return w.astype(np.float32)
 
     def extra_tensors(self, tensors: dict) -> dict[str, np.ndarray]:
@@ -210,6 +217,9 @@ def write_metadata(writer: gguf.GGUFWriter, arch: str, config: dict, tensors: di
     writer.add_head_count_kv(t["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(t["rms_norm_eps"])
     rope = t.get("rope_parameters") or {}
+    if arch in ("gemma3", "gemma3_text"):
+        _gemma3_metadata(writer, t)
+        return
     if arch == "gemma4":
         _gemma4_metadata(writer, t, tensors)
         return
@@ -228,6 +238,31 @@ def write_metadata(writer: gguf.GGUFWriter, arch: str, config: dict, tensors: di
         writer.add_rope_dimension_count(int(t["head_dim"] * t.get("partial_rotary_factor", 0.25)))
         # _Qwen35MRopeMixin: the default sections when the checkpoint states none
         writer.add_rope_dimension_sections(rope.get("mrope_section", [11, 11, 10, 0]))
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, t: dict) -> None:
+    """Gemma3Model.set_gguf_parameters (and TextModel's linear RoPE scaling, which llama.cpp
+    applies to the global layers only). llama.cpp fixes the rest (module docstring of
+    models/formats/gguf/config.py): a file can only hold a model of pattern 6 whose local
+    RoPE base is 10000 and whose query_pre_attn_scalar is its head dim (not a 27B), so a
+    tiny model that is not one is refused here rather than written as another model."""
+    rope = t["rope_parameters"]
+    full, local = rope["full_attention"], rope["sliding_attention"]
+    types = t["layer_types"]
+    want = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(len(types))]
+    assert types == want and local["rope_theta"] == 10_000.0, "llama.cpp runs gemma3 so"
+    assert t["query_pre_attn_scalar"] == t["head_dim"] and t["num_hidden_layers"] != 62
+    assert t.get("attn_logit_softcapping") is None  # the converter asserts it too
+    writer.add_key_length(t["head_dim"])
+    writer.add_value_length(t["head_dim"])
+    writer.add_rope_freq_base(full["rope_theta"])
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    if t.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(t["final_logit_softcapping"])
+    if t.get("sliding_window_pattern") != 1:
+        writer.add_sliding_window(t["sliding_window"])
 
 
 def _gemma4_metadata(writer: gguf.GGUFWriter, t: dict, tensors: dict) -> None:

@@ -66,6 +66,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, kinds: dict[str, str], *, seed: int
     arch, text = config["model_type"], text_config(config)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(ARCH[arch], text["num_hidden_layers"])
+    arch = "gemma3" if arch == "gemma3_text" else arch
     convert = Converter(arch, text, names)
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCH[arch]])

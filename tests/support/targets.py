@@ -237,7 +237,8 @@ def save_tiny_gemma3(path: Path, seed: int = 0, *, multimodal: bool = False, **t
     global one linearly scaled (as the 4B's), query_pre_attn_scalar 24 (not the head dim:
     a wrong scale shows). Untied by default (published models tie; a random tied model
     mostly repeats its last token). Every norm weight is perturbed around 0 (Gemma's 1 + w:
-    a norm read as w shows). Returns the model."""
+    a norm read as w shows). A GGUF can hold only llama.cpp's Gemma 3 (pattern 6, the head
+    dim as query_pre_attn_scalar): `GGUF_GEMMA3` overrides make one. Returns the model."""
     import transformers
 
     text = dict(
@@ -278,9 +279,13 @@ def save_tiny_gemma3(path: Path, seed: int = 0, *, multimodal: bool = False, **t
     with torch.no_grad():
         for name, weight in backbone.named_parameters():
             if "norm" in name:  # zeros at init: a norm read as w instead of 1 + w shows
-                weight.normal_(0.0, 0.2)
+                weight.normal_(0.0, 0.2).clamp_(-0.45, 0.45)  # 1 + w - 1 stays exact
     model.save_pretrained(path)
     tok = tiny_tokenizer()
     tok.save_pretrained(path)
     (path / "chat_template.jinja").write_text(GEMMA_TURNS)
     return model
+
+
+# what llama.cpp's gemma3 architecture can hold (support/llamacpp_convert.py)
+GGUF_GEMMA3 = dict(sliding_window_pattern=6, query_pre_attn_scalar=16)

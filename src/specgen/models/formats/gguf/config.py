@@ -17,7 +17,7 @@ from __future__ import annotations
 from specgen.core.errors import CheckpointError
 from specgen.models.formats.gguf.reader import GGUFFile
 
-OWN_CONFIGS = ("llama", "qwen2", "qwen3", "gemma4")
+OWN_CONFIGS = ("llama", "qwen2", "qwen3", "gemma3", "gemma4")
 
 
 def own_config(file: GGUFFile) -> dict | None:
@@ -26,6 +26,8 @@ def own_config(file: GGUFFile) -> dict | None:
     if arch not in OWN_CONFIGS:
         return None
     try:
+        if arch == "gemma3":
+            return _gemma3_config(file)
         return _gemma4_config(file) if arch == "gemma4" else _llama_config(file, arch)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
         raise CheckpointError(
@@ -67,6 +69,73 @@ def _llama_config(file: GGUFFile, arch: str) -> dict:
         "eos_token_id": get("tokenizer.ggml.eos_token_id", None),
         "pad_token_id": get("tokenizer.ggml.padding_token_id", None),
     }  # fmt: skip
+
+
+def _gemma3_config(file: GGUFFile) -> dict:
+    """What llama.cpp reads of a `gemma3` file (`Gemma3Model.set_gguf_parameters` writes it;
+    llama-model.cpp's LLM_ARCH_GEMMA3 fills in the rest): sliding layers in a pattern of 6
+    (every sixth global) with a local RoPE base of 10000, both fixed in llama.cpp, unless
+    the file states a per-layer `sliding_window_pattern`; no `sliding_window` key means
+    every layer is global; linear RoPE scaling on the global layers only; the attention
+    scale 1/sqrt(head dim), except the 27B's (62 layers) 1/sqrt(hidden / heads), as
+    llama.cpp does (gemma_pytorch's query_pre_attn_scalar). `<end_of_turn>` ends an
+    answer too (llama.cpp marks it end-of-generation by its text)."""
+
+    def get(key: str, default=KeyError):
+        key = key.replace("{arch}", "gemma3")
+        if key not in file.meta:
+            if default is KeyError:
+                raise KeyError(key)
+            return default
+        return file.get(key)
+
+    layers = int(get("{arch}.block_count"))
+    hidden, heads = int(get("{arch}.embedding_length")), int(get("{arch}.attention.head_count"))
+    head_dim = int(get("{arch}.attention.key_length", hidden // heads))
+    window = get("{arch}.attention.sliding_window", None)
+    pattern = get("{arch}.attention.sliding_window_pattern", None)
+    if window is None or window == 0:
+        sliding = [False] * layers
+    elif isinstance(pattern, list):
+        sliding = [bool(x) for x in pattern]
+    else:
+        sliding = [bool((i + 1) % int(pattern or 6)) for i in range(layers)]
+    tokens = file.strings("tokenizer.ggml.tokens")
+    eos = get("tokenizer.ggml.eos_token_id", None)
+    eos_ids = [] if eos is None else [eos]
+    if "<end_of_turn>" in tokens and tokens.index("<end_of_turn>") not in eos_ids:
+        eos_ids.append(tokens.index("<end_of_turn>"))
+    full_rope = {"rope_type": "default", "rope_theta": get("{arch}.rope.freq_base", 1e6)}
+    if get("{arch}.rope.scaling.type", None) == "linear":
+        full_rope = {**full_rope, "rope_type": "linear",
+                     "factor": get("{arch}.rope.scaling.factor")}  # fmt: skip
+    return {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": len(tokens),
+        "hidden_size": hidden,
+        "intermediate_size": get("{arch}.feed_forward_length"),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("{arch}.attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "sliding_window": window or None,
+        "rms_norm_eps": get("{arch}.attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": get("{arch}.context_length"),
+        "final_logit_softcapping": get("{arch}.final_logit_softcapping", None),
+        "attn_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": full_rope,
+        },
+        "tie_word_embeddings": "output.weight" not in file.tensors,
+        "eos_token_id": eos_ids,
+        "bos_token_id": get("tokenizer.ggml.bos_token_id", None),
+        "pad_token_id": get("tokenizer.ggml.padding_token_id", None),
+    }
 
 
 def _gemma4_config(file: GGUFFile) -> dict:

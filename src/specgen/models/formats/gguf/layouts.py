@@ -23,6 +23,10 @@ version whose commit the reading did not record (the one at 2bbcf7fc93a4 predate
   `ssm_out`'s columns cross quantization blocks, so it stays as stored and multiplies its
   input gathered (`PackedMatrix.columns`). A multi-token-prediction block, which newer
   converters export as `blk.<num_hidden_layers>` (`nextn_predict_layers`), is never read.
+- `gemma3` (Gemma 3): every norm stored as 1 + w (`norm_shift`), what `Gemma3.finish_load`
+  computes, so that step is skipped (`finished`); the embedding cut to the tokenizer's
+  vocabulary (its rows past it are padding: the config's vocabulary is the file's);
+  vision tensors left out (they go to the separate mmproj file).
 - `gemma4` (Gemma 4): names only (its norms are stored as they are: `norm_shift` 0), the
   per-layer `layer_scalar` as `layer_output_scale.weight`, and an extra `rope_freqs` table
   (the proportional RoPE of the global layers, which specgen computes itself) unread.
@@ -38,10 +42,10 @@ from specgen.models.formats.packed_matrix import PackedMatrix
 Tensor = PackedMatrix | torch.Tensor
 
 # architectures whose converter already applied what the family's finish_load does
-FINISHED = ("qwen35",)
+FINISHED = ("qwen35", "gemma3")
 # architectures whose files only this reader undoes (transformers 5.25 cannot dequantize
 # them to safetensors), so `--dequantize` dequantizes what it loaded
-OWN_LAYOUTS = ("qwen35", "gemma4")
+OWN_LAYOUTS = ("qwen35", "gemma3", "gemma4")
 
 
 def undo(arch: str, key: str, t: Tensor, args: ModelArgs) -> Tensor:

@@ -53,6 +53,12 @@ BLOCKS: dict[str, dict[str, str]] = {
         "ssm_norm": "linear_attn.norm",
         "ssm_out": "linear_attn.out_proj",
     },
+    "gemma3": {
+        **_ATTENTION,
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
     "gemma4": {
         **_ATTENTION,
         "post_attention_norm": "post_attention_layernorm",
@@ -65,7 +71,7 @@ ARCHITECTURES = tuple(BLOCKS)
 
 # the HF `model_type` transformers gives a GGUF architecture, where it is not the
 # architecture itself (refusals name the model as its config would)
-MODEL_TYPES = {"gemma3": "gemma3_text", "gemma2": "gemma2", "phi3": "phi3"}
+MODEL_TYPES = {"gemma3n": "gemma3n_text", "gemma2": "gemma2", "phi3": "phi3"}
 MIXTURES = {"qwen35moe": "Qwen3.5", "qwen3moe": "Qwen3", "qwen2moe": "Qwen2",
             "qwen3next": "Qwen3-Next"}  # fmt: skip
 

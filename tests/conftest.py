@@ -15,7 +15,14 @@ import pytest
 import torch
 
 from support.drafters import save_tiny_dflash, save_tiny_dflash2, save_tiny_dspark
-from support.targets import FAMILIES, save_tiny, save_tiny_gemma4, save_tiny_qwen3_5
+from support.targets import (
+    FAMILIES,
+    GGUF_GEMMA3,
+    save_tiny,
+    save_tiny_gemma3,
+    save_tiny_gemma4,
+    save_tiny_qwen3_5,
+)
 
 # Triton kernels run on the CPU through Triton's interpreter; the flag must be set before
 # any kernel is defined (at import of specgen.kernels.*). A GPU machine runs them for real.
@@ -135,6 +142,22 @@ def tiny_gemma4(tmp_path_factory) -> Path:
     """A 6-layer tiny Gemma 4 (layers 2 and 5 global, the rest sliding, window 4)."""
     path = tmp_path_factory.mktemp("tiny-gemma4")
     save_tiny_gemma4(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory) -> Path:
+    """A 6-layer tiny text-only Gemma 3 (layers 2 and 5 global, window 4, scale 24 ** -0.5)."""
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    save_tiny_gemma3(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_gguf_shape(tmp_path_factory) -> Path:
+    """A tiny Gemma 3 a `gemma3` GGUF can hold (pattern 6: layer 5 global; scale 16 ** -0.5)."""
+    path = tmp_path_factory.mktemp("tiny-gemma3-gguf")
+    save_tiny_gemma3(path, seed=5, **GGUF_GEMMA3)
     return path
 
 

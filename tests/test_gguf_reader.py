@@ -29,15 +29,16 @@ from support.packed import FAMILY_MIXES, write_tiny_gguf
 
 # the test-suite families and the GGUF architecture llama.cpp's converter writes for each
 ARCH_OF = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen35",
-           "gemma4": "gemma4"}  # fmt: skip
+           "gemma3": "gemma3", "gemma4": "gemma4"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def tiny_files(tiny_dirs, tiny_qwen3_5, tiny_gemma4, tmp_path_factory):
+def tiny_files(tiny_dirs, tiny_qwen3_5, tiny_gemma3_gguf_shape, tiny_gemma4, tmp_path_factory):
     """One tiny GGUF file per architecture specgen runs: family -> (file, HF dir)."""
     out = tmp_path_factory.mktemp("tiny-ggufs")
     dirs = {**{f: tiny_dirs[f] for f in ("llama", "qwen2", "qwen3")},
-            "qwen3_5": tiny_qwen3_5, "gemma4": tiny_gemma4}  # fmt: skip
+            "qwen3_5": tiny_qwen3_5, "gemma3": tiny_gemma3_gguf_shape,
+            "gemma4": tiny_gemma4}  # fmt: skip
     files = {}
     for family, hf in dirs.items():
         path = out / f"{family}.gguf"
@@ -170,17 +171,17 @@ def test_an_unsupported_architecture_is_refused_before_the_rest_is_read(tmp_path
     """The rest of this file is broken: only a refusal made at the architecture key, before
     parsing on, gives the architecture's message."""
     path = tmp_path / "g.gguf"
-    write_header(path, "gemma3", corrupt_rest=True)
+    write_header(path, "gemma3n", corrupt_rest=True)
     with pytest.raises(CheckpointError) as e:
         open_gguf(path, "g")
     assert str(e.value) == (
-        "g: unsupported architecture 'gemma3_text' (GGUF gemma3); specgen runs the llama, "
-        "qwen2, qwen3, qwen35, gemma4 GGUF architectures"
+        "g: unsupported architecture 'gemma3n_text' (GGUF gemma3n); specgen runs the llama, "
+        "qwen2, qwen3, qwen35, gemma3, gemma4 GGUF architectures"
     )
     write_header(path, "qwen35moe", corrupt_rest=True)
     with pytest.raises(CheckpointError, match="Qwen3.5 mixture-of-experts targets are not"):
         open_gguf(path, "m")
-    write_header(path, "gemma4", corrupt_rest=True)  # supported: the broken rest is found
+    write_header(path, "gemma3", corrupt_rest=True)  # supported: the broken rest is found
     with pytest.raises(CheckpointError, match="not a readable GGUF file"):
         open_gguf(path, "ok")
 
@@ -227,10 +228,10 @@ def test_a_truncated_tensor_is_refused_at_open(embedded_gguf, tmp_path):
 def test_the_cli_refuses_before_loading_torch(tmp_path):
     """`generate` on an unsupported or broken GGUF answers in one line with exit 2, and
     never imports torch (what keeps the refusal well under a second)."""
-    unsupported, broken = tmp_path / "g3.gguf", tmp_path / "broken.gguf"
-    write_header(unsupported, "gemma3", tokens=1000)
+    unsupported, broken = tmp_path / "g3n.gguf", tmp_path / "broken.gguf"
+    write_header(unsupported, "gemma3n", tokens=1000)
     write_header(broken, "llama", corrupt_rest=True)
-    for path, says in ((unsupported, "unsupported architecture 'gemma3_text'"),
+    for path, says in ((unsupported, "unsupported architecture 'gemma3n_text'"),
                        (broken, "not a readable GGUF file")):  # fmt: skip
         done = run_cli("generate", "hi", "--model", str(path))
         assert done.returncode == 2, done.stderr

@@ -156,6 +156,7 @@ def layer_shape(args: ModelArgs) -> GemmaShape:
         eps=args.rms_norm_eps,
         approximate=GELU["gelu_pytorch_tanh"],
         v_norm=False,
+        scalar=False,
         scale=args.layout.scale,
     )
 

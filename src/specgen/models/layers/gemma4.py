@@ -15,9 +15,9 @@ reference):
 - `shared`: a KV-shared layer projects queries only and attends over the keys and values
   already in its cache slot (an earlier layer's).
 Keys and values of a drafter's context come from the same projections (`project_kv`).
-Gemma 3's layer (transformers' `Gemma3DecoderLayer`) is the same four-norm GELU layer with
-three differences, each a `GemmaShape` field: no v norm (`v_norm`), scores scaled by
-query_pre_attn_scalar ** -0.5 (`scale`), and its norms' 1 + w, which the family adds to the
+Gemma 3's layer (transformers' `Gemma3DecoderLayer`) is the same four-norm GELU layer but
+for three `GemmaShape` fields: no v norm (`v_norm`), scores scaled by query_pre_attn_scalar
+** -0.5 (`scale`), no layer scalar (`scalar`); its norms' 1 + w the family adds to the
 weights once (families/gemma3.py), so the arithmetic here is unchanged.
 DeepSpec's Gemma 4 EAGLE-3 layer (`Gemma4Eagle3DecoderLayer`) is this layer with q/k/v
 reading 2H (`in_features`: its two normed halves, `qkv_of`) and the hidden input as the
@@ -59,6 +59,7 @@ class GemmaShape:
     approximate: str = "tanh"  # the MLP's GELU, F.gelu's form
     v_norm: bool = True  # values RMSNormed without a scale (Gemma 4; not Gemma 3)
     scale: float = 1.0  # of the attention scores (Gemma 3: query_pre_attn_scalar ** -0.5)
+    scalar: bool = True  # a `layer_scalar` on the output (Gemma 4; Gemma 3 has none)
 
     @property
     def kv_rows(self) -> int:  # rows of its own k (and v) projection in the fused matrix
@@ -99,8 +100,9 @@ class GemmaLayer(nn.Module):
         self.w_gate_up = DenseWeight(2 * s.intermediate, h, **w)
         self.w_down = DenseWeight(h, s.intermediate, **w)
         # scales the layer's whole output; checkpoints may lack it (transformers: ones)
-        self.layer_scalar = new_weight(1, **w)
-        self.layer_scalar.data.fill_(1.0)
+        self.layer_scalar = new_weight(1, **w) if s.scalar else None
+        if self.layer_scalar is not None:
+            self.layer_scalar.data.fill_(1.0)
 
     def plan(self, prefix: str) -> Iterator[Row]:
         """The checkpoint's tensors of this layer (transformers' and DeepSpec's names agree).
@@ -122,7 +124,8 @@ class GemmaLayer(nn.Module):
         yield Row(p + "mlp.up_proj.weight", self.w_gate_up, (inter, h), inter)
         yield Row(p + "mlp.down_proj.weight", self.w_down, (h, inter))
         yield Row(p + "post_feedforward_layernorm.weight", self.post_ffn_norm, (h,))
-        yield Row(p + "layer_scalar", self.layer_scalar, (1,), optional=True)
+        if s.scalar:
+            yield Row(p + "layer_scalar", self.layer_scalar, (1,), optional=True)
 
     def project_kv(
         self,
@@ -214,7 +217,8 @@ class GemmaLayer(nn.Module):
         h, x = add_rms_norm(rms_norm(out, self.post_attn_norm, eps), self.ffn_norm, eps, x)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
         mlp = self.w_down(F.gelu(gate, approximate=self.shape.approximate) * up)
-        return (x + rms_norm(mlp, self.post_ffn_norm, eps)) * self.layer_scalar
+        out = x + rms_norm(mlp, self.post_ffn_norm, eps)
+        return out if self.layer_scalar is None else out * self.layer_scalar
 
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -80,16 +80,29 @@ def _config(gguf_path: Path):
         raise CheckpointError(f"{gguf_path}: not a readable GGUF model ({e})") from None
 
 
+# architectures whose transformers tokenizer class is SentencePiece-shaped (Gemma's), which
+# cannot encode with a byte-level BPE vocabulary: llama.cpp's Gemma3Model writes one
+# (`tokenizer.ggml.model` "gpt2") for a checkpoint that ships tokenizer.json without
+# tokenizer.model, so such a file's tokenizer is read as the generic fast tokenizer
+SENTENCEPIECE_CLASSES = ("gemma3",)
+
+
 def _convert_config(gguf_path: Path, file, out: Path) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     own = own_config(file)
     if own is not None:
         (out / "config.json").write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     else:
         _config(gguf_path).save_pretrained(out)
+    byte_level = file.get("tokenizer.ggml.model") == "gpt2"
+    reader = (
+        PreTrainedTokenizerFast
+        if byte_level and file.architecture in SENTENCEPIECE_CLASSES
+        else AutoTokenizer
+    )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer = reader.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:
         raise CheckpointError(f"{gguf_path}: cannot read the GGUF's tokenizer ({e})") from None
     tokenizer.save_pretrained(out)

@@ -318,3 +318,35 @@ def test_the_cli_answers_and_refuses_a_bad_checkpoint_in_one_line(tiny_gemma3, t
     (path / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 30.0}))
     bad = runner.invoke(app, [*args, "--model", str(path)])
     assert_one_line_error(bad, 2, "attention logit softcapping")
+
+
+def test_train_a_dflash_drafter_for_it_then_decode_with_it(tiny_gemma3, tmp_path):
+    """`specgen train --kind dflash` on a Gemma 3 target: a z-lab-layout drafter (Qwen3
+    layers) that embeds as the target does and takes the global layers' RoPE; decoding with
+    it is AR's answer. `--init target` is refused (Gemma layers are not Qwen3's)."""
+    pipe = Pipeline.load(str(tiny_gemma3), device="cpu", dtype="float32")
+    prompts = ["The quick brown fox", "def add(a, b):"]
+    rows = [{"prompt_ids": pipe.encode(p, raw=True),
+             "response_ids": pipe.generate(p, raw=True, max_new_tokens=24).token_ids}
+            for p in prompts]  # fmt: skip
+    data = tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "drafter"
+    base = ["train", "--model", str(tiny_gemma3), "--kind", "dflash", "--data", str(data),
+            "--out", str(out), "--steps", "10", "--target-layers", "1,3", "--block-size", "4",
+            "--mask-token-id", str(TINY_VOCAB - 1), "--device", "cpu"]  # fmt: skip
+    done = runner.invoke(app, base)
+    assert done.exit_code == 0, done.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["input_embedding_scale"] == 8.0
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e5}
+    assert not {"query_pre_attn_scalar", "_sliding_window_pattern", "hidden_activation",
+                "rope_local_base_freq"} & set(config)  # fmt: skip
+    assert not config.get("use_sliding_window")  # Qwen3 layers attending to every key
+    assert set(config.get("layer_types") or ["full_attention"]) == {"full_attention"}
+    want = pipe.generate(prompts[0], raw=True, max_new_tokens=16).token_ids
+    spec = SpecConfig(method="dflash", drafter=str(out), verify_policy="full")
+    assert pipe.with_spec(spec).generate(prompts[0], raw=True, max_new_tokens=16).token_ids == want
+    refused = runner.invoke(app, [*base[:-2], "--init", "target", "--out", str(tmp_path / "x"),
+                                  "--device", "cpu"])  # fmt: skip
+    assert_one_line_error(refused, 2, "Gemma 3 layers")

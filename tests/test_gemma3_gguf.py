@@ -201,3 +201,19 @@ def test_the_cli_runs_the_file_with_its_chat_template(targets, tmp_path):
     assert "<start_of_turn>model\n" in from_file.codec.decode(from_file.encode(chat),
                                                               skip_special=False)  # fmt: skip
     assert json.loads(done.stdout)["stats"]["prompt_tokens"] == len(from_file.encode(chat))
+
+
+def test_dequantize_runs_the_files_matrices_dense(targets, tmp_path):
+    """`--dequantize`: the file's matrices dequantized in memory, its 1 + w norms as they
+    are (not added twice): the same logits as the packed model's, up to fp32 summation."""
+    write_tiny_gguf(targets["text"], tmp_path / "t.gguf", FAMILY_MIXES["q4_1"])
+    packed = load_gguf_target(tmp_path / "t.gguf", targets["text"], dtype=torch.float32,
+                              device="cpu")  # fmt: skip
+    dense = load_gguf_target(tmp_path / "t.gguf", targets["text"], dtype=torch.float32,
+                             device="cpu", dequantize=True)  # fmt: skip
+    assert all(type(m) is DenseWeight for m in weights(dense).values())
+    assert torch.equal(dense.layers[0].attn_norm, packed.layers[0].attn_norm)
+    tokens = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(3))
+    got = dense(tokens, dense.new_cache(16)).logits
+    want = packed(tokens, packed.new_cache(16)).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -62,7 +62,7 @@ GEMMA3_DEFAULTS: dict[str, Any] = {
 }
 # a Gemma 3 target's fields a drafter of Qwen3 layers must not inherit
 DRAFTER_DROPS = frozenset((
-    "attn_logit_softcapping", "hidden_activation", "layer_types", "query_pre_attn_scalar",
+    "_sliding_window_pattern", "attn_logit_softcapping", "hidden_activation", "layer_types", "query_pre_attn_scalar",
     "rope_local_base_freq", "rope_scaling", "rope_theta", "sliding_window",
     "sliding_window_pattern", "use_bidirectional_attention",
 ))  # fmt: skip

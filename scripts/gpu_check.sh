@@ -49,7 +49,7 @@ PER_TEST=""
 $PY -c "import pytest_timeout" 2>/dev/null && PER_TEST="--timeout 120"
 timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/test_gpu_logprobs.py tests/kernels \
   tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py \
-  tests/test_gpu_gemma4.py tests/test_gpu_eagle3.py \
+  tests/test_gpu_gemma4.py tests/test_gpu_gemma3.py tests/test_gpu_eagle3.py \
   "tests/test_packed_families.py::test_on_cuda_a_packed_target_gives_the_files_logits_and_greedy_answers" 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"
 

@@ -57,9 +57,10 @@ class Transposed(LinearWeight):
 register_format("test-transposed")(Transposed)
 
 
-@pytest.fixture(params=["llama", "qwen2", "qwen3", "qwen3_5", "gemma4"])
-def target_dir(request, tiny_dirs, tiny_qwen3_5, tiny_gemma4):
-    return {"qwen3_5": tiny_qwen3_5, "gemma4": tiny_gemma4}.get(request.param) or tiny_dirs[
+@pytest.fixture(params=["llama", "qwen2", "qwen3", "qwen3_5", "gemma3", "gemma4"])
+def target_dir(request, tiny_dirs, tiny_qwen3_5, tiny_gemma3, tiny_gemma4):
+    own = {"qwen3_5": tiny_qwen3_5, "gemma3": tiny_gemma3, "gemma4": tiny_gemma4}
+    return own.get(request.param) or tiny_dirs[
         request.param
     ]
 

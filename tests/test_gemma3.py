@@ -350,3 +350,19 @@ def test_train_a_dflash_drafter_for_it_then_decode_with_it(tiny_gemma3, tmp_path
     refused = runner.invoke(app, [*base[:-2], "--init", "target", "--out", str(tmp_path / "x"),
                                   "--device", "cpu"])  # fmt: skip
     assert_one_line_error(refused, 2, "Gemma 3 layers")
+
+
+@pytest.mark.integration
+def test_bench_holds_every_method_and_transformers_to_ar(tiny_gemma3, tmp_path):
+    """`specgen bench` on a Gemma 3 target: ngram, suffix and transformers' own Gemma 3
+    (`hf`) answer as AR does."""
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"category": "c", "turns": [t]}) + "\n"
+                             for t in ("The quick brown fox", "def add(a, b):")))  # fmt: skip
+    bench = runner.invoke(app, ["bench", "--model", str(tiny_gemma3), "--suite", str(suite),
+                                "--methods", "ngram,suffix,hf", "--max-new-tokens", "12", *FAST,
+                                "--json"])  # fmt: skip
+    assert bench.exit_code == 0, bench.stderr
+    lossless = json.loads(bench.stdout.strip().splitlines()[-1])["lossless"]
+    assert {m: r["match_rate"] for m, r in lossless.items()} == {"ngram": 1.0, "suffix": 1.0,
+                                                                 "hf": 1.0}  # fmt: skip

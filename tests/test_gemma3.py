@@ -322,8 +322,10 @@ def test_the_cli_answers_and_refuses_a_bad_checkpoint_in_one_line(tiny_gemma3, t
 
 def test_train_a_dflash_drafter_for_it_then_decode_with_it(tiny_gemma3, tmp_path):
     """`specgen train --kind dflash` on a Gemma 3 target: a z-lab-layout drafter (Qwen3
-    layers) that embeds as the target does and takes the global layers' RoPE; decoding with
-    it is AR's answer. `--init target` is refused (Gemma layers are not Qwen3's)."""
+    layers) that embeds as the target does and takes the global layers' RoPE, drafting
+    from a draft vocabulary (`--draft-vocab`: a head of the answers' most frequent tokens,
+    what makes a 262k-vocabulary target's drafter cheap); decoding with it is AR's answer.
+    `--init target` is refused (Gemma layers are not Qwen3's)."""
     pipe = Pipeline.load(str(tiny_gemma3), device="cpu", dtype="float32")
     prompts = ["The quick brown fox", "def add(a, b):"]
     rows = [{"prompt_ids": pipe.encode(p, raw=True),
@@ -335,10 +337,11 @@ def test_train_a_dflash_drafter_for_it_then_decode_with_it(tiny_gemma3, tmp_path
     base = ["train", "--model", str(tiny_gemma3), "--kind", "dflash", "--data", str(data),
             "--out", str(out), "--steps", "10", "--target-layers", "1,3", "--block-size", "4",
             "--mask-token-id", str(TINY_VOCAB - 1), "--device", "cpu"]  # fmt: skip
-    done = runner.invoke(app, base)
+    done = runner.invoke(app, [*base, "--draft-vocab", "24"])
     assert done.exit_code == 0, done.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["input_embedding_scale"] == 8.0
+    assert len(json.loads((out / "draft_vocab.json").read_text())["token_ids"]) == 24
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e5}
     assert not {"query_pre_attn_scalar", "_sliding_window_pattern", "hidden_activation",
                 "rope_local_base_freq"} & set(config)  # fmt: skip

@@ -62,8 +62,8 @@ GEMMA3_DEFAULTS: dict[str, Any] = {
 }
 # a Gemma 3 target's fields a drafter of Qwen3 layers must not inherit
 DRAFTER_DROPS = frozenset((
-    "_sliding_window_pattern", "attn_logit_softcapping", "hidden_activation", "layer_types", "query_pre_attn_scalar",
-    "rope_local_base_freq", "rope_scaling", "rope_theta", "sliding_window",
+    "_sliding_window_pattern", "attn_logit_softcapping", "hidden_activation", "layer_types",
+    "query_pre_attn_scalar", "rope_local_base_freq", "rope_scaling", "rope_theta", "sliding_window",
     "sliding_window_pattern", "use_bidirectional_attention",
 ))  # fmt: skip
 # the text model's tensors in a multimodal checkpoint saved before transformers 5
@@ -116,7 +116,8 @@ class Gemma3(Family):
 
     def head_key(self, prefix: str) -> str:
         """Beside the text model: `language_model.lm_head.weight` in the older layout."""
-        return "language_model.lm_head.weight" if prefix == OLD_MULTIMODAL_PREFIX else "lm_head.weight"
+        old = prefix == OLD_MULTIMODAL_PREFIX
+        return "language_model.lm_head.weight" if old else "lm_head.weight"
 
     def drafter_config(self, flat: dict[str, Any]) -> dict[str, Any]:
         """Without the Gemma layers' own fields; the global layers' RoPE; the target's
@@ -245,8 +246,7 @@ def _gemma3_layers(t: dict[str, Any], scale: float, name: str) -> Gemma3Args:
     layers = int(t["num_hidden_layers"])
     pattern = int(t["sliding_window_pattern"])
     types = list(
-        t.get("layer_types")
-        or [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+        t.get("layer_types") or [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
     )
     if len(types) != layers or set(types) - {SLIDING, FULL}:
         raise CheckpointError(

@@ -178,6 +178,17 @@ def test_every_norm_scales_by_one_plus_its_weight(tiny_gemma3):
         assert stored.abs().max() > 0.1 and torch.equal(mine, stored + 1.0)
     assert torch.equal(ours.norm, keys["model.norm.weight"] + 1.0)
     assert layer.layer_scalar is None and not layer.shape.v_norm
+    assert layer.shape.approximate == "tanh"  # gelu_pytorch_tanh
+
+
+def test_an_exact_gelu_is_transformers(tmp_path):
+    hf = save_tiny_gemma3(tmp_path, seed=4, hidden_activation="gelu")
+    ours = load_target(tmp_path, dtype=torch.float32, device="cpu")
+    assert ours.layers[0].shape.approximate == "none"
+    ids = _ids(12, 4)
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+    torch.testing.assert_close(ours(ids, ours.new_cache(16)).logits, want, **TOL)
 
 
 # --- every method on it ---------------------------------------------------------------

@@ -79,6 +79,7 @@ class Gemma3Args:
     sliding_rope: RopeArgs
     global_rope: RopeArgs
     scale: float  # of the attention scores: query_pre_attn_scalar ** -0.5
+    approximate: str = "tanh"  # the MLP's GELU, F.gelu's form (gelu_pytorch_tanh: "tanh")
 
     def window(self, layer: int) -> int | None:
         return self.sliding_window if self.layer_types[layer] == SLIDING else None
@@ -155,7 +156,7 @@ def layer_shape(args: ModelArgs) -> GemmaShape:
         kv_heads=args.num_kv_heads,
         intermediate=args.intermediate_size,
         eps=args.rms_norm_eps,
-        approximate=GELU["gelu_pytorch_tanh"],
+        approximate=args.layout.approximate,
         v_norm=False,
         scalar=False,
         scale=args.layout.scale,
@@ -266,6 +267,7 @@ def _gemma3_layers(t: dict[str, Any], scale: float, name: str) -> Gemma3Args:
         sliding_rope=_rope(ropes[SLIDING], SLIDING, name),
         global_rope=_rope(ropes[FULL], FULL, name),
         scale=scale,
+        approximate=GELU[t["hidden_activation"]],
     )
 
 

@@ -380,3 +380,19 @@ def test_bench_holds_every_method_and_transformers_to_ar(tiny_gemma3, tmp_path):
     lossless = json.loads(bench.stdout.strip().splitlines()[-1])["lossless"]
     assert {m: r["match_rate"] for m, r in lossless.items()} == {"ngram": 1.0, "suffix": 1.0,
                                                                  "hf": 1.0}  # fmt: skip
+
+
+def test_drafters_built_for_other_gemmas_are_refused_in_one_line(tiny_gemma3, tiny_gemma4,
+                                                                  tmp_path):  # fmt: skip
+    """A DeepSpec Gemma 4 drafter (Gemma 4 layers) is not a Gemma 3 one, though the shapes
+    agree; no EAGLE-3 layout is run on Gemma 3 (module docstring of families/gemma3.py)."""
+    from support.eagle3 import save_eagle3
+    from support.gemma4_drafters import save_deepspec_drafter
+
+    args = ["generate", "hi", "--raw", "--model", str(tiny_gemma3), *FAST]
+    g4 = save_deepspec_drafter(tmp_path / "g4", tiny_gemma4)
+    done = runner.invoke(app, [*args, "--method", "dspark", "--drafter", str(g4)])
+    assert_one_line_error(done, 2, "built for a Gemma 4 target, not gemma3")
+    eagle = save_eagle3(tmp_path / "e3", "specforge", taps=[1, 3, 5])
+    done = runner.invoke(app, [*args, "--method", "eagle3", "--drafter", str(eagle)])
+    assert_one_line_error(done, 2, "no EAGLE-3 drafter on a gemma3 target")

@@ -208,8 +208,10 @@ def check_pair(
     """Refuse a drafter not built for this target, naming both; return its vocabulary map."""
     problems = []
     la = args.layers
-    gemma_target = target.family.startswith("gemma")
-    if gemma_target and args.gemma is None:
+    gemma_target = target.family == "gemma4"
+    if target.family == "gemma3":  # scaled embeddings: no published layout, none trained here
+        problems.append("specgen runs no EAGLE-3 drafter on a gemma3 target")
+    elif gemma_target and args.gemma is None:
         problems.append(
             f"a {target.family} target takes DeepSpec's Gemma 4 EAGLE-3 drafters only "
             f"(Gemma4Eagle3Model), not a {args.layout} one"

@@ -171,7 +171,7 @@ def check_pair(
     """Refuse a drafter that was not built for this target, naming both (and `extra`
     problems the caller found)."""
     problems = list(extra or [])
-    if args.gemma is not None and not target.family.startswith("gemma"):
+    if args.gemma is not None and target.family != "gemma4":
         problems.append(f"its Gemma 4 layers were built for a Gemma 4 target, not {target.family}")
     if args.layers.hidden_size != target.hidden_size:
         problems.append(f"hidden size {args.layers.hidden_size} vs {target.hidden_size}")

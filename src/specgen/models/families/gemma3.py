@@ -16,6 +16,11 @@ someone who runs `llama-cli` on the same GGUF, without its mmproj file, gets). R
 line: bidirectional attention (EmbeddingGemma is an encoder), attention biases, attention
 logit softcapping (no Gemma 3 sets it), other activations.
 
+Drafters: the block drafters in z-lab's layout (Qwen3 layers over the target's scaled
+embedding and head) and the copy drafters run on it; DeepSpec's Gemma 4 drafters are Gemma
+4's layers (refused), and no EAGLE-3 layout is run (its chain embeds through the target's
+scaled embedding, which specgen's EAGLE-3 training does not: refused rather than mismatched).
+
 As Gemma 4's, the cache keeps every position of the sliding layers too (rollback and prefix
 reuse stay exact); attention reads only the window.
 """

@@ -32,7 +32,13 @@ class Seg(ctypes.Structure):
 
 
 class Lin(ctypes.Structure):
-    _fields_ = [("segs", ctypes.POINTER(Seg)), ("nsegs", i64), ("bias", ptr), ("N", i64), ("K", i64)]
+    _fields_ = [
+        ("segs", ctypes.POINTER(Seg)),
+        ("nsegs", i64),
+        ("bias", ptr),
+        ("N", i64),
+        ("K", i64),
+    ]
 
 
 class Layer(ctypes.Structure):

@@ -35,7 +35,7 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     ):  # `--drafter suffix`: the method of that name, which loads nothing
         spec = replace(spec, method=spec.drafter, drafter=None)
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
-        own = _located(spec.drafter)  # a source a method reads its own way stays as given
+        own = located(spec.drafter)  # a source a method reads its own way stays as given
         if own is not None:
             spec = replace(spec, method=method_of(own), resolved=((spec.drafter, str(own)),))
         else:
@@ -85,7 +85,7 @@ def _variant(spec: SpecConfig) -> SpecConfig:
     return resolved
 
 
-def _located(source: str) -> Path | None:
+def located(source: str) -> Path | None:
     """Where a method that reads `source` its own way (a draft model's alias or GGUF
     file) finds it; None when none does."""
     for cls in registered().values():
@@ -97,7 +97,7 @@ def _located(source: str) -> Path | None:
 
 def locate(source: str) -> Path:
     """A --drafter value on disk: what a method locates itself, else a drafter checkpoint."""
-    found = _located(source)
+    found = located(source)
     return resolve_drafter(source) if found is None else found
 
 

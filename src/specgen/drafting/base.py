@@ -173,6 +173,13 @@ class DraftMethod(Protocol):
         return None
 
     @classmethod
+    def pairs(cls, models: Mapping[str, Path]) -> Mapping[str, Sequence[str]]:
+        """For models at hand (name -> directory with config and tokenizer), those of them
+        this method can draft with for each (`specgen models`); none unless it drafts
+        with whole models."""
+        return {}
+
+    @classmethod
     def mounts(cls, count: int) -> bool:
         """Whether it runs with `count` drafter checkpoints."""
         return count == cls.drafters_needed

@@ -40,6 +40,7 @@ from specgen.methods.draft.model import (
     load_draft_model,
     locate_model,
 )
+from specgen.methods.draft.pairing import pairings
 from specgen.models.families import model_args
 from specgen.verify.sampling import probabilities
 
@@ -78,6 +79,10 @@ class DraftModelMethod(DraftMethod):
         """A model named by alias or GGUF file (a model's directory with config.json is
         found like any drafter checkpoint)."""
         return locate_model(source) if is_model_source(source) else None
+
+    @classmethod
+    def pairs(cls, models: Mapping[str, Path]) -> Mapping[str, Sequence[str]]:
+        return pairings(models)
 
     @classmethod
     def load(

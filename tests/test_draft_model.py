@@ -122,9 +122,11 @@ def _priced(pipe, ar, draft=0.05):
     return ar.with_spec(pipe.spec, costs=costs)
 
 
-@pytest.mark.parametrize("engine", ["sync", "overlap"])
-@pytest.mark.parametrize("policy", ["full", "cost"])
-@pytest.mark.parametrize("which", ["small", "qwen3", "gguf", "target"])
+CASES = [(w, e, p) for w in ("small", "target") for e in ("sync", "overlap")
+         for p in ("full", "cost")] + [("qwen3", "sync", "cost"), ("gguf", "overlap", "cost")]
+
+
+@pytest.mark.parametrize(("which", "engine", "policy"), CASES)
 def test_every_engine_path_is_ar(ar, models, engine, policy, which):
     pipe = _draft(ar, models[which], policy, engine=engine, trace=True)
     if policy == "cost":
@@ -145,7 +147,8 @@ def test_answers_batched_together_are_ar(ar, models):
 
 def test_stacked_with_a_draft_model_and_suffix_is_ar(ar, models):
     pipe = ar.with_spec(SpecConfig(method="stacked", drafter=(str(models["small"]), "suffix"),
-                                   verify_policy="full"))  # fmt: skip
+                                   verify_policy="full"), costs=CostTable((1,), ((1.0,) * 9,),
+                        {"draft": (0.1,) * 8, "suffix": (0.0,) * 32}))  # fmt: skip
     assert pipe.drafters == ("draft", "suffix")
     session = pipe.new_session()
     for prompt in PROMPTS:

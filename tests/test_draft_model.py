@@ -376,3 +376,20 @@ def test_bench_runs_the_draft_method(models, tmp_path):
 def test_no_draft_model_given(ar):
     with pytest.raises(SpecgenError, match="no draft method drafter is known|pass --drafter"):
         ar.with_spec(SpecConfig(method="draft"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["sync", "overlap"])
+def test_on_cuda_every_engine_is_ar(models, engine):
+    """On CUDA the overlap engine queues steps ahead; the draft model's cache lives there."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    ar = Pipeline.load(str(models["target"]), device="cuda", dtype="float32")
+    for which in ("small", "target"):
+        pipe = _draft(ar, models[which], engine=engine)
+        session = pipe.new_session()
+        for prompt in PROMPTS:
+            want = ar.generate(prompt, max_new_tokens=24, session=ar.new_session())
+            assert pipe.generate(prompt, max_new_tokens=24, session=session).token_ids == (
+                want.token_ids
+            )

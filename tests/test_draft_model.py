@@ -373,6 +373,34 @@ def test_bench_runs_the_draft_method(models, tmp_path):
     assert "draft" in json.dumps(record)
 
 
+@pytest.mark.integration
+def test_serve_answers_with_the_draft_model_as_ar_does(models):
+    """Two slots answering at once, one method each: every answer is AR's alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.serve import CPU, Server, generate
+
+    srv = Server("--model", str(models["target"]), "--methods", "ar,draft",
+                 "--draft-model", str(models["gguf"]), "--parallel", "2", *CPU)  # fmt: skip
+    try:
+        with srv.http() as http:
+            def ask(args):
+                prompt, method = args
+                body = {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                        "specgen": {"method": method}}  # fmt: skip
+                r = http.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            asks = [(p, m) for p in PROMPTS for m in ("draft", "ar")]
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(ask, asks))
+    finally:
+        srv.stop()
+    for (prompt, _), text in zip(asks, got, strict=True):
+        assert text == generate(str(models["target"]), prompt, "--raw", "-n", "12")["text"]
+
+
 def test_no_draft_model_given(ar):
     with pytest.raises(SpecgenError, match="no draft method drafter is known|pass --drafter"):
         ar.with_spec(SpecConfig(method="draft"))

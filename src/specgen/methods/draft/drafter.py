@@ -116,12 +116,16 @@ class DraftModelDrafter(Drafter):
         self.cache = self.model.new_cache(min(limit, capacity + self.max_draft_tokens + 1))
         self.context: list[int] = []  # the target's committed tokens
         self.held: list[int] = []  # the tokens whose K/V the cache holds, in order
+        # how many leading tokens of `held` are known to be the context's (so a step
+        # compares only the few after them: the anchor and the chain it drafted last)
+        self.agreed = 0
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.model.tensors(), *self.cache.tensors()]
 
     def rollback(self, length: int) -> None:
         del self.context[length:]
+        self.agreed = min(self.agreed, length)
 
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
         self.context.extend(int(t) for t in tokens)
@@ -129,7 +133,8 @@ class DraftModelDrafter(Drafter):
     def _settle(self, sequence: list[int]) -> int:
         """Roll the cache back to the longest prefix of `sequence` it holds, leaving at
         least one token to run (whose logits the first draft needs); that length."""
-        keep, limit = 0, min(len(self.held), len(sequence) - 1)
+        limit = min(len(self.held), len(sequence) - 1)
+        keep = min(self.agreed, limit)
         while keep < limit and self.held[keep] == sequence[keep]:
             keep += 1
         self.cache.rollback(min(keep, self.cache.length))
@@ -148,12 +153,14 @@ class DraftModelDrafter(Drafter):
         sequence = [*self.context, anchor]
         # draft j (1..k) is run at position len(sequence) + j - 1 unless it is the last
         k = min(max_tokens, self.max_draft_tokens, self.cache.capacity - len(sequence) + 1)
-        if k <= 0 or max(sequence) >= self.model.args.vocab_size:
-            return empty_draft(device)  # past its context, or an id it has no embedding for
+        if k <= 0:
+            return empty_draft(device)  # past its own context
         keep = self._settle(sequence)
+        if max(sequence[keep:]) >= self.model.args.vocab_size:
+            return empty_draft(device)  # an id it has no embedding for (the target's padding)
         ids = torch.tensor([sequence[keep:]], dtype=torch.long, device=device)
         logits = self.model(ids, self.cache, num_logits=1).logits[:, -1]  # [1, Vd]
-        self.held = sequence
+        self.held, self.agreed = sequence, len(self.context)
         sampled = not (params is None or params.greedy or generator is None)
         tokens, dists = [], []
         for j in range(k):

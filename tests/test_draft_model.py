@@ -311,6 +311,33 @@ def test_pairings_from_the_models_at_hand(models, other_tokenizer, tiny_qwen3_5)
     assert "small" not in found  # nothing of its vocabulary is smaller
 
 
+def _cache_repo(cache, repo: str, source) -> None:
+    """`source`'s files as `repo`'s snapshot in a Hugging Face cache."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(source, folder / "snapshots" / ("0" * 40))
+
+
+def test_models_lists_the_pairings_at_hand(models, other_tokenizer, tmp_path, monkeypatch):
+    """The default alias's repo cached as the tiny target, beside a smaller model of its
+    tokenizer and one of another: its row offers the smaller one as a draft model."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    _cache_repo(cache, "HuggingFaceTB/SmolLM2-135M-Instruct", models["target"])
+    _cache_repo(cache, "org/smaller", models["small"])
+    _cache_repo(cache, "org/other", other_tokenizer)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    result = run("models", "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = {r["alias"]: r for r in map(json.loads, result.stdout.splitlines())}
+    drafters = rows["smollm2-135m"]["drafters"]
+    assert {"method": "draft", "repo": "org/smaller"} in drafters
+    assert not any(d["repo"] == "org/other" for d in drafters)
+
+
 def test_cli_draft_model(models):
     base = ["generate", "The quick brown fox", "--json", "--model", str(models["target"]),
             *FAST, "-n", "10"]  # fmt: skip

@@ -138,6 +138,20 @@ def test_every_engine_path_is_ar(ar, models, engine, policy, which):
         assert got.token_ids == want.token_ids
 
 
+def test_the_cost_scheduler_settles_k(ar, models):
+    """Priced cheap, the same-weights drafter's chains are verified; priced at five target
+    steps a token, the scheduler mostly decodes plainly; the answer is AR's either way."""
+    pipe = _draft(ar, models["target"], "cost")
+    want = ar.generate(PROMPTS[0], max_new_tokens=30, session=ar.new_session())
+    cheap = _priced(pipe, ar, draft=0.01).generate(PROMPTS[0], max_new_tokens=30)
+    dear = _priced(pipe, ar, draft=5.0).generate(PROMPTS[0], max_new_tokens=30)
+    assert cheap.token_ids == dear.token_ids == want.token_ids
+    assert cheap.stats.verified >= 20  # long chains, all accepted
+    # dear: plain steps, but for the scheduler's short probes (engine's Probes)
+    assert dear.stats.verified < cheap.stats.verified / 2
+    assert dear.stats.steps > 2 * cheap.stats.steps
+
+
 def test_answers_batched_together_are_ar(ar, models):
     pipe = _draft(ar, models["small"])
     want = [ar.generate(p, max_new_tokens=20, session=ar.new_session()).token_ids for p in PROMPTS]

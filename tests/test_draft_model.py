@@ -122,8 +122,9 @@ def _priced(pipe, ar, draft=0.05):
     return ar.with_spec(pipe.spec, costs=costs)
 
 
-CASES = [(w, e, p) for w in ("small", "target") for e in ("sync", "overlap")
-         for p in ("full", "cost")] + [("qwen3", "sync", "cost"), ("gguf", "overlap", "cost")]
+CASES = [
+    (w, e, p) for w in ("small", "target") for e in ("sync", "overlap") for p in ("full", "cost")
+] + [("qwen3", "sync", "cost"), ("gguf", "overlap", "cost")]
 
 
 @pytest.mark.parametrize(("which", "engine", "policy"), CASES)
@@ -426,6 +427,7 @@ def test_serve_answers_with_the_draft_model_as_ar_does(models):
                  "--draft-model", str(models["gguf"]), "--parallel", "2", *CPU)  # fmt: skip
     try:
         with srv.http() as http:
+
             def ask(args):
                 prompt, method = args
                 body = {"prompt": prompt, "max_tokens": 12, "temperature": 0,

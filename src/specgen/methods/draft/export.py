@@ -29,6 +29,4 @@ class DraftModelExport(ExportHints):
         return self.default_block
 
 
-EXPORT = DraftModelExport(
-    default_block=5, vllm_method="draft_model", sglang_algorithm="STANDALONE"
-)
+EXPORT = DraftModelExport(default_block=5, vllm_method="draft_model", sglang_algorithm="STANDALONE")

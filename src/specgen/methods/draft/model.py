@@ -90,7 +90,9 @@ def _target_vocab(target_name: str) -> dict[str, int]:
     try:
         resolved = resolve_model(target_name)
     except SpecgenError as e:
-        raise CheckpointError(f"cannot read {target_name}'s tokenizer to pair a draft model ({e})")
+        raise CheckpointError(
+            f"cannot read {target_name}'s tokenizer to pair a draft model ({e})"
+        ) from None
     return TextCodec(resolved.path, target_name).vocab()
 
 

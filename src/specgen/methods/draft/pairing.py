@@ -57,10 +57,8 @@ def pairings(models: Mapping[str, Path]) -> dict[str, list[str]]:
     read = [m for m in (_read(n, p) for n, p in models.items()) if m is not None]
     out: dict[str, list[str]] = {}
     for target in read:
-        drafts = sorted(
-            (d for d in read if d.can_draft and d.weights < target.weights and d.vocab == target.vocab),
-            key=lambda d: d.weights,
-        )
+        fits = (d for d in read if d.can_draft and d.weights < target.weights)
+        drafts = sorted((d for d in fits if d.vocab == target.vocab), key=lambda d: d.weights)
         if drafts:
             out[target.name] = [d.name for d in drafts]
     return out

@@ -1,7 +1,8 @@
 """specgen AR and transformers `generate` side by side beside 0, 1, 2 and 4 busy processes
 (and llama.cpp on the same GGUF file, when llama-cpp-python is installed).
 
-    python benchmarks/busy_ar_vs_transformers.py [--loads 0,1,2,4] [--rounds 2] [--tokens 48] [--fixed]
+    python benchmarks/busy_ar_vs_transformers.py [--loads 0,1,2,4] [--rounds 2] [--tokens 48] \
+        [--fixed]
 
 What a user sees on a shared machine: the embedded default (specgen: its packed GGUF as it
 runs by default; transformers: the same file dequantized to fp32, as transformers reads

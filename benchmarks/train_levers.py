@@ -48,12 +48,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    import specgen.methods  # noqa: F401  (registers each method's training hooks)
     from specgen.cli.common import quiet_libraries
     from specgen.core.paths import specgen_home
     from specgen.hub import resolve_model
     from specgen.models.loading import load_target, read_config
     from specgen.training.features import target_features
-    import specgen.methods  # noqa: F401  (registers each method's training hooks)
     from specgen.training.loop import TrainConfig, load_sequences, train
 
     quiet_libraries()

@@ -32,8 +32,9 @@ def main() -> None:
     ap.add_argument("--acts", default="fp32,q8", help="activation kinds: fp32, q8 (or one)")
     ap.add_argument("--threads", type=int, help="default: torch's count")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="cpu: the calling thread's CPU time (with --threads 1: a busy machine's "
-                    "other processes then cost waits on memory, not whole time slices)")  # fmt: skip
+                    help="cpu: the calling thread's CPU time (with --threads 1: a busy "
+                    "machine's other processes then cost waits on memory, not whole time "
+                    "slices)")  # fmt: skip
     args = ap.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu counts the calling thread only: give --threads 1")
@@ -71,8 +72,9 @@ def main() -> None:
                     best[act][n] = min(best[act][n], clock() - start)
                 cache.rollback(args.context)
     lanes, threads = kernel_lanes(), torch.get_num_threads()
+    kind = "fused" if fused else "eager"
     print(f"{args.model}, {threads} threads, {kernel_isa()}: fp32 products in {lanes} lanes, "
-          f"context {args.context}, {'fused' if fused else 'eager'} pass, {args.clock} time")  # fmt: skip
+          f"context {args.context}, {kind} pass, {args.clock} time")  # fmt: skip
     first = best[acts[0]][sizes[0]]
     for act in acts:
         b = best[act]

@@ -50,6 +50,7 @@ $PY -c "import pytest_timeout" 2>/dev/null && PER_TEST="--timeout 120"
 timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/test_gpu_logprobs.py tests/kernels \
   tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py \
   tests/test_gpu_gemma4.py tests/test_gpu_gemma3.py tests/test_gpu_eagle3.py \
+  "tests/test_draft_model.py::test_on_cuda_every_engine_is_ar" \
   "tests/test_packed_families.py::test_on_cuda_a_packed_target_gives_the_files_logits_and_greedy_answers" 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"
 
@@ -72,4 +73,14 @@ timeout 200 $PY benchmarks/shapes_bench.py --device cuda --dtype bfloat16 --cont
   --out "$OUT/shapes-gemma4.json" 2>&1 | grep -v '^{' | tee "$OUT/shapes-gemma4.txt"
 timeout 60 $PY benchmarks/hybrid_rollback.py --device cuda --shape 9b \
   --out "$OUT/hybrid-rollback.json" 2>&1 | tee "$OUT/hybrid-rollback.txt"
+# 4. draft models (issue 48): the real pairings where their weights are in the HF cache
+#    (that machine reaches no Hub: copy them in first); each one's bench against AR, greedy
+for pair in "qwen3-8b Qwen/Qwen3-0.6B" "qwen3-4b Qwen/Qwen3-0.6B" \
+            "HuggingFaceTB/SmolLM2-1.7B-Instruct smollm2-135m"; do
+  set -- $pair
+  timeout 150 $PY -m specgen bench --model "$1" --draft-model "$2" --methods draft \
+    --device cuda --dtype bfloat16 --num-prompts 6 --max-new-tokens 128 --quiet \
+    > "$OUT/draft-model-${2//\//_}-for-${1//\//_}.txt" 2>&1 \
+    || echo "draft model $2 for $1: not run (weights not here?)"
+done
 echo "results in $OUT"

@@ -24,6 +24,9 @@ from support.targets import (
     save_tiny_qwen3_5,
 )
 
+# fixtures several test modules share, defined beside what they build
+pytest_plugins = ["support.every_method"]
+
 # Triton kernels run on the CPU through Triton's interpreter; the flag must be set before
 # any kernel is defined (at import of specgen.kernels.*). A GPU machine runs them for real.
 if not torch.cuda.is_available():

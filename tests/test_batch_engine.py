@@ -17,7 +17,6 @@ from specgen.engine.loop import generate_speculative
 from specgen.engine.session import Session
 from specgen.engine.stepper import Stepper
 from specgen.models.loading import load_target
-from support.every_method import pipes  # noqa: F401  (a fixture)
 from support.scripted_drafters import OracleDrafter
 
 PROMPTS = ["The quick brown fox", "one two one two one two", "Hello", "a b c d e f g"]
@@ -81,7 +80,7 @@ def alone(pipe, prompt: str, **options) -> list[int]:
 @pytest.mark.integration
 @pytest.mark.parametrize("sampling", [None, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("method", ["ar", "ngram", "dflash", "dspark", "eagle3", "stacked"])
-def test_every_method_answers_in_a_batch_as_alone(pipes, method, sampling):  # noqa: F811
+def test_every_method_answers_in_a_batch_as_alone(pipes, method, sampling):
     pipe = pipes[method]
     lengths = [16, 9, 20, 5]  # answers end at different steps: slots free and refill
     want = [alone(pipe, p, sampling=sampling, max_new_tokens=n)
@@ -103,7 +102,7 @@ def test_every_method_answers_in_a_batch_as_alone(pipes, method, sampling):  # n
 
 
 @pytest.mark.integration
-def test_logprobs_and_penalties_in_a_batch_are_as_alone(pipes):  # noqa: F811
+def test_logprobs_and_penalties_in_a_batch_are_as_alone(pipes):
     pipe = pipes["dflash"]
     params = SamplingParams(temperature=0.9, seed=4, frequency_penalty=0.4, logprobs=3)
     want = [pipe.generate(p, sampling=params, max_new_tokens=12, raw=True,
@@ -113,7 +112,7 @@ def test_logprobs_and_penalties_in_a_batch_are_as_alone(pipes):  # noqa: F811
     assert [c.logprobs for c in got] == [c.logprobs for c in want]
 
 
-def test_prompts_read_in_chunks_between_the_others_steps(pipes, monkeypatch):  # noqa: F811
+def test_prompts_read_in_chunks_between_the_others_steps(pipes, monkeypatch):
     pipe = pipes["ar"]
     chunked = prefill_module.bounds
     monkeypatch.setattr(prefill_module, "bounds", lambda n, size=8: chunked(n, 8))
@@ -132,7 +131,7 @@ def test_prompts_read_in_chunks_between_the_others_steps(pipes, monkeypatch):  #
     assert order[:6] == [True] * 6  # the short answer was done while the long prompt was read
 
 
-def test_closing_an_answer_frees_its_slot_and_keeps_its_cache(pipes):  # noqa: F811
+def test_closing_an_answer_frees_its_slot_and_keeps_its_cache(pipes):
     pipe = pipes["ar"]
     streams = Streams(pipe, parallel=1)
     ids = pipe.encode("The quick brown fox", raw=True)
@@ -150,7 +149,7 @@ def test_closing_an_answer_frees_its_slot_and_keeps_its_cache(pipes):  # noqa: F
     assert again.session is stream.session and again.stats.prefill_tokens == 1
 
 
-def test_a_failing_answer_ends_alone(pipes):  # noqa: F811
+def test_a_failing_answer_ends_alone(pipes):
     pipe = pipes["ar"]
     streams = Streams(pipe, parallel=2)
     calls = {"n": 0}
@@ -171,7 +170,7 @@ def test_a_failing_answer_ends_alone(pipes):  # noqa: F811
     assert first + tokens == alone(pipe, "The quick brown fox", max_new_tokens=4)
 
 
-def test_an_idle_session_sharing_the_prompt_is_reused(pipes):  # noqa: F811
+def test_an_idle_session_sharing_the_prompt_is_reused(pipes):
     pipe = pipes["dflash"]
     streams = Streams(pipe, parallel=2)
     a = streams.open(pipe.encode("The quick brown fox jumps", raw=True), max_new_tokens=3)

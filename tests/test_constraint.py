@@ -13,7 +13,6 @@ import pytest
 from specgen.api.pipeline import Pipeline
 from specgen.core.config import SamplingParams
 from specgen.serve import grammar
-from support.every_method import pipes  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +33,7 @@ def answer(pipe: Pipeline, rules: str | None = None, n: int = N, **kwargs) -> li
     return out
 
 
-def test_a_constraint_that_allows_the_greedy_answer_leaves_it_unchanged(pipes):  # noqa: F811
+def test_a_constraint_that_allows_the_greedy_answer_leaves_it_unchanged(pipes):
     ar = pipes["ar"]
     free = answer(ar)
     decode = ar.codec.tokenizer.decode
@@ -53,7 +52,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type
           "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
 
 
-def test_every_method_is_constrained_ar_under_a_schema(pipes):  # noqa: F811
+def test_every_method_is_constrained_ar_under_a_schema(pipes):
     rules = grammar.json_schema_grammar(SCHEMA, "test")
     ar = pipes["ar"]
     reference = answer(ar, rules)
@@ -64,7 +63,7 @@ def test_every_method_is_constrained_ar_under_a_schema(pipes):  # noqa: F811
         assert answer(pipe, rules) == reference, method
 
 
-def test_a_complete_answer_ends_where_the_schema_does(pipes):  # noqa: F811
+def test_a_complete_answer_ends_where_the_schema_does(pipes):
     """With room to finish, the answer is valid JSON of the schema and stops there."""
     ar = pipes["ar"]
     small = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
@@ -77,7 +76,7 @@ def test_a_complete_answer_ends_where_the_schema_does(pipes):  # noqa: F811
     assert json.loads(text) in ({"a": True}, {"a": False})
 
 
-def test_seeded_sampling_under_a_constraint_keeps_to_it(pipes):  # noqa: F811
+def test_seeded_sampling_under_a_constraint_keeps_to_it(pipes):
     """Sampled answers (drafts rejected by the mask, bonuses from masked residuals) are
     always what the schema allows; their distribution is the verifier's business."""
     rules = grammar.json_schema_grammar(SCHEMA, "test")

@@ -95,7 +95,7 @@ def test_measure_costs_measures_again_up_front(tiny_qwen3_deep, tiny_dflash):
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.stderr
     again = runner.invoke(app, args)  # cached: nothing measured
-    assert again.exit_code == 0 and "measured" not in again.stderr
+    assert again.exit_code == 0 and "measur" not in again.stderr
     forced = runner.invoke(app, [*args, "--measure-costs"])
     assert forced.exit_code == 0, forced.stderr
     assert "measured verify costs" in forced.stderr and "drafter's cost" in forced.stderr
@@ -111,6 +111,13 @@ def test_what_is_measured_is_said_once_with_short_names(
     spec = SpecConfig(method="stacked", drafter=(str(tiny_dflash), str(tiny_dspark)))
     ar.with_spec(spec, notify=notes.append)
     (said,) = [n for n in notes if n.startswith("measured")]  # one line, after, with its time
+    (before,) = [n for n in notes if n.startswith("measuring")]  # and one before, an estimate
+    assert notes.index(before) < notes.index(said)
+    assert re.fullmatch(
+        r"measuring verify costs and the dflash and dspark drafters' costs once for this "
+        r"model and device, (about \d+ s|under a second)",
+        before,
+    ), before
     assert re.fullmatch(
         r"measured verify costs and the dflash and dspark drafters' costs once for this "
         r"model and device in \d+\.\d s \(cached\)",
@@ -120,7 +127,7 @@ def test_what_is_measured_is_said_once_with_short_names(
     assert not any(str(tiny_dflash.parent) in n for n in notes)
     notes.clear()
     ar.with_spec(spec, notify=notes.append)
-    assert not any(n.startswith("measured") for n in notes)  # cached
+    assert not any(n.startswith("measur") for n in notes)  # cached: nothing said
 
 
 def test_openmp_threads_do_not_spin_long_unless_asked(tmp_path):

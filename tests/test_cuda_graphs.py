@@ -137,7 +137,8 @@ def test_sampled_dspark_draft_step_has_fixed_shapes(tiny_qwen3_deep, tiny_dspark
         got = pipe.generate("The quick brown fox", session=static, **kw)
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
-    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2  # one step per filter setting
+    # one step per filter setting
+    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2
 
 
 def test_a_failed_capture_falls_back_to_eager(tiny_qwen3_deep, tiny_dflash, monkeypatch):

@@ -42,7 +42,8 @@ def test_the_fixed_shape_step_drafts_what_the_eager_one_does(ar, tiny_dflash2):
         assert got.token_ids == want.token_ids
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
     assert static.drafter.steps.step(GREEDY)._replay is not None
-    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2  # one sampled step per temperature
+    # one sampled step per temperature
+    assert len([k for k in static.drafter.steps.keys() if k != GREEDY]) == 2
 
 
 def test_the_resident_loop_matches_the_sync_loop(ar, tiny_dflash2, monkeypatch):

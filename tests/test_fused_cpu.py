@@ -41,7 +41,8 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")  # the file's model
-    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=gen)
     splits, taps = (16, 1, 4, 3), (0, 1)
     want, want_taps = run(exact, tokens, splits, taps, fused=False, monkeypatch=monkeypatch)
     got, got_taps = run(packed, tokens, splits, taps, monkeypatch=monkeypatch)
@@ -63,12 +64,16 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
 @pytest.mark.parametrize("act", ["fp32", "q8"])
-def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3_deep, tmp_path,
-                                                                      mix, act, monkeypatch):  # fmt: skip
+def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(
+    tiny_qwen3_deep, tmp_path, mix, act, monkeypatch
+):
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
-    model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
-    tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
+    model = load_gguf_target(
+        tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
+    )
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=gen)
     taps = tuple(range(model.args.num_layers))
     one_by_one, one_taps = run(model, tokens, (5,) + (1,) * 25, taps, monkeypatch=monkeypatch)
     # verify blocks on both sides of the kernels' direct path (up to 16 rows), a prefill
@@ -89,8 +94,9 @@ def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(tiny_qwen3
 
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5"])
-def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(wide_qwen2, tmp_path,
-                                                                         mix, monkeypatch):  # fmt: skip
+def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(
+    wide_qwen2, tmp_path, mix, monkeypatch
+):
     """SPECGEN_CPU_ACT=q8 changes the function (each product's input rows rounded to 8 bits):
     the fused pass and the eager layers compute the same one (their products are the same
     kernel; norms, RoPE and attention differ by fp32 rounding, which can move an input across

@@ -73,8 +73,11 @@ def test_kinds_of_call_are_tuned_apart_and_a_new_thread_limit_starts_over():
 
 def test_the_answer_never_depends_on_the_counts_chosen(tiny_qwen3_deep, tmp_path):
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", FAMILY_MIXES["q4_1"])
-    model = load_gguf_target(tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu")
-    tokens = torch.randint(0, model.args.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    model = load_gguf_target(
+        tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
+    )
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 40), generator=gen)
     fused = FusedPass.of(model)
     fused.min_parallel_work = 0  # share even a tiny model's phases
 

@@ -85,7 +85,8 @@ def test_cuda_graphs_replay_the_eager_steps(cuda_ar, tiny_dflash, tiny_dspark, n
         got = graphed.generate(PROMPTS[0], sampling=params, max_new_tokens=32, session=session)
         want = eager.generate(PROMPTS[0], sampling=params, max_new_tokens=32)
         assert got.token_ids == want.token_ids
-        (step,) = [session.drafter.steps.step(k) for k in session.drafter.steps.keys() if k != GREEDY]
+        steps = session.drafter.steps
+        (step,) = [steps.step(k) for k in steps.keys() if k != GREEDY]
         assert step._replay.graph is not None
     assert eager.new_session().forward is eager.model
 

@@ -3,6 +3,7 @@ import, decode on the CPU and skip its Triton tests cleanly where Triton is miss
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,32 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--basetemp", {str(tmp_pat
     assert done.returncode == 0, done.stdout[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert "skipped" in summary and "error" not in summary and "failed" not in summary
+
+
+@pytest.mark.integration
+def test_a_cpu_install_resolves_no_cuda_wheels(tmp_path):
+    """README's CPU install: torch's CPU build first, then specgen. Resolved for real by pip
+    (`--dry-run --report`, against the index this machine has), specgen's own dependencies
+    must add no CUDA wheel (nvidia-*, triton) beside a CPU torch."""
+    report = tmp_path / "report.json"
+    cpu_torch = f"torch=={_torch_release()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+         "--report", str(report), cpu_torch, str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0 and "No matching distribution" in done.stderr + done.stdout:
+        pytest.skip(f"no index offers {cpu_torch} here")
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = [i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]]
+    assert "specgen" in names and "torch" in names
+    assert not [n for n in names if n.startswith("nvidia") or n == "triton" or "cuda" in n]
+
+
+def _torch_release() -> str:
+    """The installed torch's version when it is a CPU build (what the test resolves beside)."""
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build: the CPU install is checked on a CPU machine")
+    return torch.__version__

@@ -10,7 +10,6 @@ import torch
 from specgen.api.pipeline import Pipeline
 from specgen.core.config import SamplingParams
 from specgen.engine import score
-from support.every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 
 TOP = 5
 PROMPTS = ("The quick brown fox", "one two one two one two", "Café, naïve, 東京, привет")

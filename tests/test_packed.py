@@ -1,4 +1,5 @@
-"""Packed weights (models/formats/packed_matrix.py, gguf_blocks.py, weights_packed.py, kernels/packed.py).
+"""Packed weights (models/formats/packed_matrix.py, gguf_blocks.py, weights_packed.py,
+kernels/packed.py).
 
 What "exact" means: the model a quantized file defines is its dequantized weights, as the
 `gguf` package dequantizes them. So (1) every GGUF format decodes to gguf's numbers bit for

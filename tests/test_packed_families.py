@@ -146,9 +146,9 @@ def test_transformers_reads_the_same_qwen3_5_file(targets, tmp_path, family, mix
 
 def test_the_config_comes_from_the_files_metadata(targets, tmp_path):
     """`--model FILE.gguf` has no config.json: Qwen3.5's comes from transformers' reader,
-    Gemma 4's from specgen's (models/formats/gguf/convert.py). Either describes the model the checkpoint's
-    own config does (rms_norm_eps goes through the file's fp32). A Qwen3.5 file with its
-    multi-token-prediction block (one more `blk.`) is the same model."""
+    Gemma 4's from specgen's (models/formats/gguf/convert.py). Either describes the model
+    the checkpoint's own config does (rms_norm_eps goes through the file's fp32). A Qwen3.5
+    file with its multi-token-prediction block (one more `blk.`) is the same model."""
     for family, mtp in (("qwen3_5", 0), ("qwen3_5", 1), ("wide qwen3_5", 0), ("gemma4", 0),
                         ("tied gemma4", 0)):  # fmt: skip
         hf = targets[family]

@@ -36,12 +36,14 @@ FP32 = (
     "test_fused_cpu.py::test_the_fused_pass_computes_the_files_model",
     "test_fused_cpu.py::test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it",
     "test_packed_methods.py::test_every_method_is_greedy_identical_to_ar_with_packed_weights",
+    "test_fused_shared.py::test_each_answers_rows_in_a_shared_pass_are_its_own",
 )
 Q8 = (
     "test_packed_q8.py",
     "test_fused_cpu.py::test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it",
     "test_fused_cpu.py::test_with_8_bit_activations_the_pass_computes_the_eager_layers_model",
     "test_packed_methods.py::test_every_method_is_greedy_identical_to_ar_with_packed_weights",
+    "test_fused_shared.py::test_each_answers_rows_in_a_shared_pass_are_its_own",
 )
 # variant: the path its library reports, its fp32 lanes, and whether its fp32 products are
 # a kernel of their own (else the same code as a build that tests them)

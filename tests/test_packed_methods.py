@@ -212,3 +212,24 @@ def test_sampling_through_dflash_keeps_the_packed_targets_distribution(tiny_qwen
     dflash = Pipeline._of(loaded, Decoding(SpecConfig())).with_spec(spec)
     tv, far = second_token_tv(dflash, loaded.model)
     assert tv < 0.06 and tv < far / 5, (tv, far)
+
+
+def test_a_packed_targets_drafters_run_packed_too(tiny_qwen3_deep, tiny_dflash, tmp_path,
+                                                  monkeypatch):  # fmt: skip
+    """On a packed CPU target a drafter's matrices are packed as int8 (its draft steps then
+    run the target's kernels at a quarter of the bytes), and its costs are keyed apart;
+    `SPECGEN_DRAFT_WEIGHTS=dense` keeps them as shipped, as does a dense target."""
+    from specgen.models.formats.weights import weights_identity
+
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
+    ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+    packed = ar.with_spec(spec).method
+    assert weights_identity(packed.net) == "packed-int8-g32"
+    monkeypatch.setenv("SPECGEN_DRAFT_WEIGHTS", "dense")
+    dense = ar.with_spec(spec).method
+    assert weights_identity(dense.net) == "dense-float32"
+    assert packed.cache_key != dense.cache_key
+    monkeypatch.delenv("SPECGEN_DRAFT_WEIGHTS")
+    plain = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    assert weights_identity(plain.with_spec(spec).method.net) == "dense-float32"

@@ -22,7 +22,6 @@ from specgen.models.loading import load_target
 from specgen.verify.penalties import Penalties, penalise
 from specgen.verify.sampling import probabilities
 from support.cli import assert_one_line_error, run
-from support.every_method import hf_deep, pipes  # noqa: F401  (fixtures)
 from support.scripted_drafters import AnswerKeyDrafter
 from support.statistics import chi_square_pvalue
 from support.targets import TINY_VOCAB

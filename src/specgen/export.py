@@ -43,6 +43,8 @@ def resolve_target(model: str, method: str, drafter: str | None, block: int | No
         raise SpecgenError(no_drafter(method, model))
     if drafter.startswith(PACKAGED):  # a serving engine needs the directory
         drafter = str(packaged_drafter(drafter))
+    elif drafter.lower() in MODELS:  # a draft model named by its alias: its repo
+        drafter = MODELS[drafter.lower()].repo
     hybrid = entry.hybrid if entry else _local_model_type(target) in HYBRID_TYPES
     return ServeTarget(
         target, method, drafter, block or _hints(method).block_of(drafter), hybrid,
@@ -83,7 +85,8 @@ def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
 
 def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", serve.target]
-    argv += ["--speculative-algorithm", serve.method.upper()]
+    algorithm = _hints(serve.method).sglang_algorithm or serve.method.upper()
+    argv += ["--speculative-algorithm", algorithm]
     argv += ["--speculative-draft-model-path", serve.drafter]
     argv += _hints(serve.method).sglang_flags(serve)
     if serve.hybrid:  # room for the recurrent state of every draft position

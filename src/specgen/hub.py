@@ -222,7 +222,8 @@ def _hub_errors(repo: str, how: str | None, offline: bool) -> Iterator[None]:
         raise ModelNotFoundError(f"{repo}: download failed ({e})") from None
 
 
-PACKAGED = "specgen:"  # registry drafters that ship inside the package (src/specgen/assets/drafters)
+# registry drafters that ship inside the package (src/specgen/assets/drafters)
+PACKAGED = "specgen:"
 
 
 def packaged_drafter(spec: str) -> Path:

@@ -2,9 +2,10 @@
 
 Each alias names a target repo on the Hugging Face Hub and, per method, the drafter repo
 that was trained for it (`specgen:NAME`: a drafter specgen trained, shipped in the package
-under `specgen/assets/drafters/NAME`). Repo names were checked against public code that loads them
-(vLLM/SGLang tests, DeepSpec's release table, z-lab's README); see README "Models".
-`stacked` mounts all of an entry's drafters together when it has two or more (methods/stacked/drafter.py);
+under `specgen/assets/drafters/NAME`). Repo names were checked against public code that
+loads them (vLLM/SGLang tests, DeepSpec's release table, z-lab's README); see README
+"Models". `stacked` mounts all of an entry's drafters together when it has two or more
+(methods/stacked/drafter.py);
 DeepSpec's plain DFlash checkpoints (e.g. `deepseek-ai/dflash_gemma4_12b_block7`) are its
 DSpark class without heads and run with `--drafter` (their config names the class).
 `eagle3` names DeepSpec's EAGLE-3 drafters where DeepSpec trained one beside its DSpark

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from specgen.api.pipeline import Pipeline
+from specgen.api.spec import located
 from specgen.core.config import SpecConfig
 from specgen.core.errors import SpecgenError
 from specgen.drafting import method_of
@@ -22,11 +23,12 @@ def drafters_by_kind(drafters: Sequence[str]) -> dict[str, str]:
     two of one kind are refused, as no method would know which to take."""
     by_kind: dict[str, str] = {}
     for path in drafters:
-        directory = resolve_drafter(path)
+        own = located(path)  # a draft model's alias or GGUF file stays as given
+        directory = resolve_drafter(path) if own is None else own
         kind = method_of(directory)
         if kind in by_kind:
             raise SpecgenError(f"two --drafter of kind {kind}: give one per method")
-        by_kind[kind] = str(directory)
+        by_kind[kind] = str(directory) if own is None else path
     return by_kind
 
 

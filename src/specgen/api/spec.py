@@ -35,8 +35,12 @@ def checked_spec(spec: SpecConfig, model: str) -> SpecConfig:
     ):  # `--drafter suffix`: the method of that name, which loads nothing
         spec = replace(spec, method=spec.drafter, drafter=None)
     elif spec.drafter is not None and spec.is_ar:  # the drafter says what it is
-        drafter_dir = resolve_drafter(spec.drafter)
-        spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
+        own = located(spec.drafter)  # a source a method reads its own way stays as given
+        if own is not None:
+            spec = replace(spec, method=method_of(own), resolved=((spec.drafter, str(own)),))
+        else:
+            drafter_dir = resolve_drafter(spec.drafter)
+            spec = replace(spec, method=method_of(drafter_dir), drafter=str(drafter_dir))
     elif isinstance(spec.drafter, str) and drafters[spec.method].variants:
         spec = _variant(spec)
     if spec.is_ar:
@@ -81,6 +85,22 @@ def _variant(spec: SpecConfig) -> SpecConfig:
     return resolved
 
 
+def located(source: str) -> Path | None:
+    """Where a method that reads `source` its own way (a draft model's alias or GGUF
+    file) finds it; None when none does."""
+    for cls in registered().values():
+        found = cls.locate(source)
+        if found is not None:
+            return found
+    return None
+
+
+def locate(source: str) -> Path:
+    """A --drafter value on disk: what a method locates itself, else a drafter checkpoint."""
+    found = located(source)
+    return resolve_drafter(source) if found is None else found
+
+
 def _sources(spec: SpecConfig) -> tuple[str, ...]:
     """The drafter checkpoints `spec` names (none, one, or a tuple of them)."""
     if spec.drafter is None:
@@ -94,7 +114,7 @@ def load_method(
     """`spec`'s draft method for `target`, its checkpoints resolved (downloaded) first."""
     found = dict(spec.resolved)
     checkpoints = [  # a method named instead of a checkpoint is mounted by its name (stacked)
-        Checkpoint(Path(found[s]) if s in found else resolve_drafter(s), s)
+        Checkpoint(Path(found[s]) if s in found else locate(s), s)
         for s in _sources(spec)
         if not checkpoint_free(s)
     ]

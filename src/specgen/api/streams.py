@@ -34,6 +34,7 @@ from specgen.engine.batch import Batch, Counters
 from specgen.engine.prefill import CHUNK
 from specgen.engine.session import Session
 from specgen.engine.stepper import Stepper
+from specgen.scheduling.batch import OneForward
 from specgen.text.codec import Detokenizer
 from specgen.verify.constraint import Constraint
 
@@ -92,7 +93,10 @@ class Streams:
         self.pipes = dict(pipes)
         self.parallel = parallel
         self.chunk = chunk  # prompt tokens per prefill chunk (engine/prefill.py)
-        self.batch = Batch()
+        # one pass for every answer's rows where the target can: a step is then priced
+        # as one forward of all of them, else as each answer's own forward
+        shared = next(iter(self.pipes.values())).model.shared_passes
+        self.batch = Batch(OneForward() if shared else None)
         self.active: list[Stream] = []
         self._idle: dict[str, list[Session]] = {m: [] for m in self.pipes}  # last: newest
         self._made: dict[str, int] = dict.fromkeys(self.pipes, 0)

@@ -74,6 +74,14 @@ def bench(
         list[str] | None,
         typer.Option("--drafter", help="A drafter checkpoint for its method; repeatable."),
     ] = None,
+    draft_model: Annotated[
+        str | None,
+        typer.Option(
+            "--draft-model",
+            help="A smaller model of the target's tokenizer for the draft method (alias, "
+            "directory, .gguf file or Hub repo).",
+        ),
+    ] = None,
     plot: Annotated[
         str | None, typer.Option("--plot", help="Write a PNG of the results (needs matplotlib).")
     ] = None,
@@ -148,7 +156,8 @@ def bench(
         local = methods is None or methods.strip().lower() not in ("", "none")
         if not local and not endpoint:
             raise SpecgenError("--methods none runs nothing: give --endpoint URL")
-        if not local and drafter:
+        drafters = [*(drafter or []), *([draft_model] if draft_model else [])]
+        if not local and drafters:
             raise SpecgenError("--drafter given, but --methods none runs no local method")
         with ExitStack() as stack:
             # probed before any model loads: a wrong URL, key or model fails now, in one line
@@ -158,7 +167,7 @@ def bench(
             )  # fmt: skip
             for client in clients.values():
                 stack.callback(client.close)
-            pipes = _pipelines(run, methods, drafter or []) if local else {}
+            pipes = _pipelines(run, methods, drafters) if local else {}
             total = sum(len(p.turns) for p in prompts) * (len(pipes) + len(clients))
             with display.progress(total, "benchmarking", disable=run.quiet) as advance:
                 result = run_bench(

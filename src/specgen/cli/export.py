@@ -12,7 +12,9 @@ from specgen.terminal import display
 
 
 def export(
-    method: Annotated[str, typer.Option("--method", help="dflash, dflash2, dspark or eagle3.")],
+    method: Annotated[
+        str, typer.Option("--method", help="dflash, dflash2, draft, dspark or eagle3.")
+    ],
     engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
     model: ModelOpt = Run.model,
     drafter: Annotated[

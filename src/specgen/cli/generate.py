@@ -26,7 +26,8 @@ Examples:
 
   echo "Summarise: ..." | specgen generate --json
 
-  specgen generate --prompt-file data/smollm2-135m/calibration-prompts.jsonl --json --max-new-tokens 128
+  specgen generate --prompt-file data/smollm2-135m/calibration-prompts.jsonl --json \
+      --max-new-tokens 128
 """
 
 

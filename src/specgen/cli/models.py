@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -50,11 +52,53 @@ def models(
                     "status": _status(entry),
                 }
             )
+        for row in rows:
+            paired = _pairings().get(row["alias"], {})
+            row["drafters"] += [{"method": m, "repo": r} for m, r in paired.items()]
         if json_out:
             for row in rows:
                 display.write_json(row)
         else:
             display.show(display.models_table(rows))
+
+
+def _at_hand() -> dict[str, Path]:
+    """The models here (name -> directory of config and tokenizer): the aliases downloaded
+    or embedded, then the other repos in the Hugging Face cache."""
+    from specgen.hub import cached_snapshot, embedded_gguf, hub_cache
+    from specgen.models.formats.gguf.convert import ensure_converted
+
+    found: dict[str, Path] = {}
+    for entry in MODELS.values():
+        snapshot = cached_snapshot(entry.repo)
+        gguf = None if snapshot is not None else embedded_gguf(entry)
+        if snapshot is not None or gguf is not None:
+            found[entry.alias] = snapshot or ensure_converted(gguf)
+    aliased = {e.repo.lower() for e in MODELS.values()}
+    cache = hub_cache()
+    for folder in sorted(cache.glob("models--*--*")) if cache.is_dir() else []:
+        repo = folder.name.removeprefix("models--").replace("--", "/", 1)
+        snapshot = None if repo.lower() in aliased else cached_snapshot(repo)
+        if snapshot is not None:
+            found[repo] = snapshot
+    return found
+
+
+@functools.cache
+def _pairings() -> dict[str, dict[str, str]]:
+    """For each model at hand, a drafter of each method that drafts with whole models
+    (the draft method: the smallest model of the same vocabulary), when two or more are
+    here."""
+    models = _at_hand()
+    if len(models) < 2:
+        return {}
+    from specgen.methods import registered
+
+    out: dict[str, dict[str, str]] = {}
+    for name, cls in registered().items():
+        for target, drafts in cls.pairs(models).items():
+            out.setdefault(target, {})[name] = drafts[0]
+    return out
 
 
 def _weights(model: str, quantize: str | None, dequantize: bool, json_out: bool) -> None:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = DEFAULT_ALIAS
 
+DRAFT, STACKED = "draft", "stacked"  # the methods --draft-model runs under
 # Only methods that work are offered: plain AR plus every registered drafter.
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
@@ -77,6 +78,13 @@ class Run:
         help="Drafter checkpoint (directory or Hub repo) instead of the registry's; its kind "
         "sets --method when that is not given. Give two or more (any mix of DFlash, DSpark, "
         "DFlash 2, EAGLE-3) for stacked.",
+    )
+    draft_model: str | None = _shared(
+        "method",
+        None,
+        "--draft-model",
+        help="A smaller model of the target's tokenizer to draft with (alias, directory, "
+        ".gguf file or Hub repo): --method draft, or one of stacked's drafters.",
     )
     draft_tokens: int | None = _shared(
         "method",
@@ -236,6 +244,18 @@ class Run:
     def spec(self, **overrides: Any) -> SpecConfig:
         """The decoding method these options ask for (`overrides`: a command's own)."""
         method = getattr(self.method, "value", self.method)
+        drafter = self.drafter
+        if self.draft_model is not None:
+            if method not in (None, DRAFT, STACKED):
+                raise SpecgenError(
+                    f"--draft-model drafts with --method {DRAFT} or {STACKED}, not {method}"
+                )
+            if drafter and method != STACKED:
+                raise SpecgenError(
+                    "--draft-model and --drafter together need --method stacked"
+                )
+            drafter = [*(drafter or []), self.draft_model]
+            method = method or DRAFT
         if method == AR and self.drafter:
             # An explicit `--method ar` says "no drafter": running the drafter anyway (its
             # kind used to win) would ignore what was typed, so the two are refused together.
@@ -245,7 +265,7 @@ class Run:
             )
         settings = dict(
             method=method or AR,  # AR with a drafter: the library reads its kind
-            drafter=self.drafter,
+            drafter=drafter,
             draft_tokens=self.draft_tokens,
             block_size=self.block_size,
             store_mib=self.store_mib,
@@ -254,6 +274,11 @@ class Run:
             cuda_graphs=self.cuda_graphs,
         )
         return SpecConfig(**{**settings, **overrides})
+
+    @property
+    def drafters(self) -> list[str]:
+        """Every drafter given: --drafter's, then --draft-model."""
+        return [*(self.drafter or []), *([self.draft_model] if self.draft_model else [])]
 
     def sampling(self) -> SamplingParams:
         """Checked before anything slow happens (loading a model)."""

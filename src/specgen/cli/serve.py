@@ -177,7 +177,7 @@ def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
         plain = replace(run, method=None)  # --method ar names the default, not "no drafter"
         return load_methods(
             names, run.load, settings=plain.spec(drafter=None),
-            drafters=drafters_by_kind(run.drafter or []),
+            drafters=drafters_by_kind(run.drafters),
             notify=None if run.quiet else display.status, measure_costs=run.measure_costs,
         )  # fmt: skip
 

@@ -166,6 +166,20 @@ class DraftMethod(Protocol):
         return bool(set(config.get("architectures") or []) & set(cls.architectures))
 
     @classmethod
+    def locate(cls, source: str) -> Path | None:
+        """Where a --drafter value that this method reads its own way is on disk (a
+        directory with config.json), e.g. a whole model named by alias or GGUF file for a
+        draft model; None: not such a value (a drafter checkpoint, found by the hub)."""
+        return None
+
+    @classmethod
+    def pairs(cls, models: Mapping[str, Path]) -> Mapping[str, Sequence[str]]:
+        """For models at hand (name -> directory with config and tokenizer), those of them
+        this method can draft with for each (`specgen models`); none unless it drafts
+        with whole models."""
+        return {}
+
+    @classmethod
     def mounts(cls, count: int) -> bool:
         """Whether it runs with `count` drafter checkpoints."""
         return count == cls.drafters_needed

@@ -17,6 +17,7 @@ from specgen.core.draft import Draft
 from specgen.core.errors import SpecgenError
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter
 from specgen.drafting.context import DraftContext
+from specgen.drafting.packing import packed_like
 from specgen.drafting.static_draft import StaticBlockDraft
 from specgen.drafting.vocab import DraftVocab, load_draft_vocab
 from specgen.models.graphs import GREEDY, StepGraphs
@@ -66,6 +67,7 @@ class BlockMethod(DraftMethod):
         if notify:
             notify(f"loading {cls.label} drafter {checkpoint.short_name}")
         net = cls.load_net(checkpoint, target, target_name)
+        weights = packed_like(net, target)
         trained = cls.trained_block(net)
         block = spec.block_size or trained
         if block > trained:
@@ -79,7 +81,7 @@ class BlockMethod(DraftMethod):
             block,
             spec.draft_tokens,
             load_draft_vocab(checkpoint.path, target.lm_head, checkpoint.name),
-            cache_key=f"{cls.name}|{checkpoint.path}|{block}|{spec.draft_tokens}",
+            cache_key=f"{cls.name}|{checkpoint.path}|{block}|{spec.draft_tokens}|{weights}",
             cuda_graphs=spec.cuda_graphs and target.device.type == "cuda",
             **cls.extras(checkpoint.path, net),
         )

@@ -32,6 +32,7 @@ class ExportHints:
     default_block: int  # the published drafters' block (or chain) length
     block_field: str = "block_size"  # where a local drafter's config.json keeps it
     vllm_method: str = ""  # the name vLLM knows it by ("": the method's own)
+    sglang_algorithm: str = ""  # SGLang's --speculative-algorithm ("": the method's, upper case)
 
     def drafts(self, serve: ServeTarget) -> int:
         """Draft tokens per step the engines should verify."""

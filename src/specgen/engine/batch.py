@@ -25,7 +25,7 @@ import torch
 
 from specgen.core.events import StepEvent
 from specgen.engine.stepper import Rows, Stepper
-from specgen.models.transformer import ForwardOutput
+from specgen.models.transformer import ForwardOutput, Transformer
 from specgen.scheduling.batch import Part, RowCosts, SeparateForwards, batch_prices
 
 
@@ -128,11 +128,27 @@ class Batch:
 
 
 def forward_all(planned: Sequence[Rows]) -> list[ForwardOutput]:
-    """The target's output for each answer's rows. Each answer's rows are a forward of
-    their own here, which every target, weight format and device runs, with the same
-    bits as the answer alone."""
-    outs = []
-    for rows in planned:
-        tokens = torch.tensor([rows.tokens], device=rows.device)
-        outs.append(rows.forward(tokens, rows.cache, taps=rows.taps, num_logits=rows.num_logits))
-    return outs
+    """The target's output for each answer's rows. Answers on one CPU target that the
+    fused pass runs share one pass (`Transformer.forward_shared`: the weights read once
+    for all their rows, each row's bits its own); the others' rows are a forward of their
+    own, which every target, weight format and device runs, with the answer's own bits."""
+    outs: list[ForwardOutput | None] = [None] * len(planned)
+    shared: dict[int, list[int]] = {}  # id(target) -> the answers that share its pass
+    for i, rows in enumerate(planned):
+        model = rows.forward
+        if isinstance(model, Transformer) and model.shares_pass(rows.cache, len(rows.tokens)):
+            shared.setdefault(id(model), []).append(i)
+    for group in shared.values():
+        if len(group) < 2:
+            continue  # alone: its own forward below
+        model = planned[group[0]].forward
+        taps = tuple(dict.fromkeys(t for i in group for t in planned[i].taps))
+        parts = [(planned[i].tokens, planned[i].cache, planned[i].num_logits) for i in group]
+        for i, out in zip(group, model.forward_shared(parts, taps), strict=True):
+            want = planned[i].taps
+            outs[i] = ForwardOutput(out.logits, {t: h for t, h in out.taps.items() if t in want})
+    for i, rows in enumerate(planned):
+        if outs[i] is None:
+            tokens = torch.tensor([rows.tokens], device=rows.device)
+            outs[i] = rows.forward(tokens, rows.cache, taps=rows.taps, num_logits=rows.num_logits)
+    return outs  # type: ignore[return-value]

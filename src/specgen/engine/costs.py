@@ -30,6 +30,7 @@ from specgen.scheduling.learning import Schedulers
 from specgen.scheduling.scheduler import VerifyScheduler
 
 PROFILE_CONTEXTS = (128, 1024)  # cached tokens behind the measured blocks
+DRAFT_CONTEXT = 128  # tokens a drafter has observed when its steps are timed
 CHECK_STEPS = 32  # decoding steps a cost table is held against before it is judged
 DRIFT = 2.0  # steps this many times faster or slower than the table: it is stale
 HOST_SLACK = 0.002  # seconds of host work a step may add to its forward (sampling, Python)
@@ -159,7 +160,7 @@ def measure_costs(
 
 
 def measure_draft_seconds(
-    method: DraftMethod, model: Transformer, *, context: int = 128, repeats: int = 5
+    method: DraftMethod, model: Transformer, *, context: int = DRAFT_CONTEXT, repeats: int = 5
 ) -> tuple[float, ...]:
     """A drafter's time per step after `context` tokens, for each draft length k = 1..its
     longest ([k - 1]): observe the anchor and two accepted tokens, propose k tokens (a
@@ -230,8 +231,11 @@ def cached_costs(
         for name, part in method.mounted.items()
     }
     missing = [name for name, costs in drafts.items() if costs is None]
-    start = time.perf_counter()
     verify = table is None
+    if notify and (verify or missing):  # said before: the first use of a method waits on it
+        guess = estimate_seconds(model, method.max_draft_tokens, verify, missing)
+        notify(_measuring(verify, missing, fresh, guess))
+    start = time.perf_counter()
     if table is None:
         table = target_costs(model, key, method.max_draft_tokens, graphs=graphs, fresh=True)
     for name in missing:
@@ -241,19 +245,67 @@ def cached_costs(
     return CostTable(table.contexts, table.seconds, drafts)
 
 
-def _measured(verify: bool, drafters: list[str], fresh: bool, seconds: float) -> str:
-    """The one status line for what was measured, e.g. "measured verify costs and the
-    dflash and dspark drafters' costs once for this model and device in 4.2 s (cached)"."""
+def _what(verify: bool, drafters: list[str], fresh: bool) -> str:
+    """What a measurement covers, e.g. "verify costs and the dflash and dspark drafters'
+    costs once"."""
     parts = ["verify costs"] if verify else []
     if drafters:
         names = " and ".join(drafters)
         parts.append(f"the {names} drafter's cost" if len(drafters) == 1 else
                      f"the {names} drafters' costs")  # fmt: skip
-    when = "again" if fresh else "once"
-    return (
-        f"measured {' and '.join(parts)} {when} for this model and device in {seconds:.1f} s "
-        "(cached)"
-    )
+    return f"{' and '.join(parts)} {'again' if fresh else 'once'}"
+
+
+def _measuring(verify: bool, drafters: list[str], fresh: bool, guess: float) -> str:
+    """The line said before measuring, with its estimate: "measuring verify costs and the
+    dflash drafter's cost once for this model and device, about 4 s"."""
+    about = f"about {guess:.0f} s" if guess >= 1 else "under a second"
+    return f"measuring {_what(verify, drafters, fresh)} for this model and device, {about}"
+
+
+def _measured(verify: bool, drafters: list[str], fresh: bool, seconds: float) -> str:
+    """The line said after, with the time it took: "measured verify costs and the dflash
+    and dspark drafters' costs once for this model and device in 4.2 s (cached)"."""
+    what = _what(verify, drafters, fresh)
+    return f"measured {what} for this model and device in {seconds:.1f} s (cached)"
+
+
+def estimate_seconds(
+    model: Transformer,
+    max_drafts: int,
+    verify: bool,
+    drafters: list[str],
+    *,
+    contexts: tuple[int, ...] = PROFILE_CONTEXTS,
+    repeats: int = 5,
+) -> float:
+    """How long measuring will take, from two timed target forwards (a one-token step and a
+    block of max_drafts + 1 tokens, a few milliseconds on a small model): the verify sweeps
+    price each block between the two, prefills as blocks of that size, and a drafter's
+    sweeps (its prefill, then `repeats` + 1 proposals of each length) one step a proposal,
+    which block drafters are near and copy drafters well under: an estimate to set the
+    user's expectation, never a decision's input."""
+    device, vocab, block = model.device, model.args.vocab_size, max_drafts + 1
+    cache = model.new_cache(16 + block, steps=block)
+    ids = torch.randint(0, vocab, (1, 8 + block), generator=torch.Generator().manual_seed(2))
+    model(ids[:, :8].to(device), cache)
+    timed = []
+    for n in (1, block):
+        _sync(device)
+        start = time.perf_counter()
+        model(ids[:, 8 : 8 + n].to(device), cache)
+        _sync(device)
+        timed.append(time.perf_counter() - start)
+        cache.rollback(8)
+    one, many = timed
+    contexts = tuple(c for c in contexts if c + block <= model.args.max_positions) or (1,)
+    sweep = sum(one + (many - one) * n / max(block - 1, 1) for n in range(block))
+    total = 0.0
+    if verify:
+        total += sum(c / block * many + (repeats + 1) * sweep for c in contexts)
+    for _ in drafters:
+        total += (DRAFT_CONTEXT + 3) / block * many + (repeats + 1) * max_drafts * one
+    return total
 
 
 def target_costs(

@@ -4,9 +4,9 @@ On the GPU this is torch's fused SDPA, with cuDNN's backend left out: it builds 
 execution plan for each new key length, so decoding (the cache grows every step) paid
 host time per layer per step for it (benchmarks/profile_eager_steps.py; docs/results.md);
 the flash and memory-efficient kernels have no such setup. On the CPU, bf16/fp16 inputs
-are attended in fp32 (fp64 ones, the tests' oracles, stay fp64): CPUs without half-precision units run torch's half-precision flash
-kernel several times slower than the fp32 one, and the upcast copies are small next to
-that.
+are attended in fp32 (fp64 ones, the tests' oracles, stay fp64): CPUs without
+half-precision units run torch's half-precision flash kernel several times slower than the
+fp32 one, and the upcast copies are small next to that.
 """
 
 from __future__ import annotations

@@ -32,7 +32,13 @@ class Seg(ctypes.Structure):
 
 
 class Lin(ctypes.Structure):
-    _fields_ = [("segs", ctypes.POINTER(Seg)), ("nsegs", i64), ("bias", ptr), ("N", i64), ("K", i64)]
+    _fields_ = [
+        ("segs", ctypes.POINTER(Seg)),
+        ("nsegs", i64),
+        ("bias", ptr),
+        ("N", i64),
+        ("K", i64),
+    ]
 
 
 class Layer(ctypes.Structure):
@@ -70,6 +76,33 @@ class Model(ctypes.Structure):
         ("k", ptr),
         ("v", ptr),
     ]
+
+
+class Seq(ctypes.Structure):
+    """One answer's part of a shared pass: its cache, positions, rows and logit rows."""
+
+    _fields_ = [
+        ("k", ptr),
+        ("v", ptr),
+        ("capacity", i64),
+        ("start", i64),
+        ("rows", i64),
+        ("num_logits", i64),
+    ]
+
+
+@functools.cache
+def decoder_forward_many():
+    """decoder.c's `decoder_forward_many` (several answers' rows in one pass), or None when
+    the library could not be built."""
+    lib = compiled()
+    if lib is None:
+        return None
+    f = lib.decoder_forward_many
+    f.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Seq), i64, ptr, ptr, i64, ptr, ptr,
+                  ctypes.c_int]  # fmt: skip
+    f.restype = ctypes.c_int
+    return f
 
 
 @functools.cache

@@ -123,8 +123,9 @@ def load_gguf_target(
     dequantize: bool = False,
 ) -> Transformer:
     """A `Transformer` whose matrices stay in the GGUF file's quantization (packed weights;
-    models/formats/packed_weight.py), with its config from `config_dir` (models/formats/gguf/convert.py); with
-    `dequantize`, the same matrices dequantized to `dtype` (dense weights)."""
+    models/formats/packed_weight.py), with its config from `config_dir`
+    (models/formats/gguf/convert.py); with `dequantize`, the same matrices dequantized to
+    `dtype` (dense weights)."""
     from specgen.models.formats.gguf.index import GGUFIndex
     from specgen.models.formats.packed_weight import PackedWeight
     from specgen.models.formats.weights import DenseWeight, replace_weights, storage_changed

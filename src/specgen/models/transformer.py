@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from specgen.core.config import ModelArgs
+from specgen.kernels.decoder_cpu import decoder_forward_many
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.models.cache.kv import ContextLimitError, StaticKVCache
 from specgen.models.families import model_args  # noqa: F401  (registers the families)
@@ -28,7 +29,7 @@ from specgen.models.formats.weights import (
     resident_bytes,
     weights_identity,
 )
-from specgen.models.fused.cpu_pass import FusedPass, cache_fits
+from specgen.models.fused.cpu_pass import FusedPass, cache_fits, shared_wanted
 from specgen.models.layers.blocks import norm_weight
 from specgen.models.layers.rope import rope_tables
 from specgen.models.plans import Plan, Row
@@ -198,6 +199,44 @@ class Transformer(nn.Module):
         if num_logits is not None:
             x = x[:, -num_logits:]
         return ForwardOutput(logits=self.logits(x), taps=tapped)
+
+    @property
+    def shared_passes(self) -> bool:
+        """Whether answers on this target can share one fused CPU pass (`forward_shared`):
+        then a step of several answers costs about one forward of all their rows."""
+        return (
+            self.embed.device.type == "cpu"
+            and shared_wanted()
+            and FusedPass.of(self) is not None
+            and decoder_forward_many() is not None
+        )
+
+    def shares_pass(self, cache, rows: int) -> bool:
+        """Whether `rows` new tokens after what `cache` holds can join other answers' rows
+        in one fused CPU pass (`forward_shared`)."""
+        return (
+            self.shared_passes
+            and cache_fits(self, cache, 1, None)
+            and cache.length + rows <= cache.capacity
+        )
+
+    def forward_shared(
+        self,
+        parts: list[tuple[list[int], StaticKVCache, int | None]],  # (tokens, cache, num_logits)
+        taps: tuple[int, ...] = (),
+    ) -> list[ForwardOutput]:
+        """`forward` of several answers at once, each in its own cache (each part as
+        `shares_pass` allows): one fused pass that reads the weights once for every row,
+        with each answer's bits what its own `forward` gives. Each cache is committed."""
+        fused = FusedPass.of(self)
+        assert fused is not None
+        asked = [(tokens, cache, num or len(tokens)) for tokens, cache, num in parts]
+        for tokens, cache, _ in asked:
+            cache.reserve(len(tokens))
+        outs = fused.run_many(self, asked, taps)
+        for tokens, cache, _ in asked:
+            cache.commit(cache.length + len(tokens))
+        return [ForwardOutput(logits=logits, taps=tapped) for logits, tapped in outs]
 
     @torch.inference_mode()
     def forward_static(

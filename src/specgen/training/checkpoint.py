@@ -1,8 +1,9 @@
 """Write trained drafters in the public formats, so `--drafter DIR` and other engines load
 them: the block backbone's config in z-lab's layout, with the fields a method's hooks add
 (`DFlashDraftModel`'s, or DeepSpec's `Qwen3DSparkModel`'s without its copies of the
-target's embedding and LM head, which every loader can take from the target). The tensors are the drafter's load plan read backwards (models/plans.Row), so
-fused matrices split back into the HF tensor names the loader reads."""
+target's embedding and LM head, which every loader can take from the target). The tensors
+are the drafter's load plan read backwards (models/plans.Row), so fused matrices split back
+into the HF tensor names the loader reads."""
 
 from __future__ import annotations
 

@@ -50,7 +50,9 @@ class DrafterTraining(ABC):
         return params
 
     @abstractmethod
-    def reads(self, net: torch.nn.Module, target: Transformer) -> tuple[tuple[int, ...], int | None]:
+    def reads(
+        self, net: torch.nn.Module, target: Transformer
+    ) -> tuple[tuple[int, ...], int | None]:
         """(the target layers the drafter taps, the last layer too when its loss reads the
         target's own distribution, else None): what the features cache must hold."""
 

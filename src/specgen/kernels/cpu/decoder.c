@@ -298,17 +298,33 @@ static void attend(const float *q, const float *ks, const float *vs, int64_t n, 
 }
 
 /* ---- the pass ------------------------------------------------------------------------ */
-/* x_in [T, H]: the embedded tokens, at positions [start, start + T) (their K/V are written
- * there; the caller checks the capacity and commits). taps: ntaps layer ids, whose outputs
- * go to tap_out [ntaps, T, H]. logits [num_logits, V]: of the last num_logits rows.
- * Returns 0, or -1 when memory could not be had. */
-int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
-                    const int64_t *taps, int64_t ntaps, float *tap_out, int64_t num_logits,
-                    float *logits, int nthreads) {
+/* One answer's part of a shared pass: its rows [row0, row0 + rows) of the pass, at its
+ * positions [start, start + rows) of its own cache (k, v: [layers, kv_heads, capacity,
+ * head_dim] each), and logits for its last num_logits rows. */
+typedef struct {
+    float *k, *v;
+    int64_t capacity, start, rows, num_logits;
+} Seq;
+
+/* x_in [T, H]: the embedded tokens of every answer's rows, answer after answer (T = the sum
+ * of their rows; each answer's K/V are written at its positions, the caller checks each
+ * capacity and commits). Every weight is read once for all T rows, and a row's result is
+ * the same whatever else is in the pass: products are batch-invariant and everything else
+ * is per row, each attending over its own answer's cache only. taps: ntaps layer ids,
+ * whose outputs go to tap_out [ntaps, T, H]. logits [sum of num_logits, V]: each answer's
+ * last num_logits rows, answer after answer. Returns 0, or -1 when memory could not be had. */
+int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const float *x_in,
+                         const int64_t *taps, int64_t ntaps, float *tap_out, float *logits,
+                         int nthreads) {
     const int64_t H = m->hidden, nq = m->heads, nkv = m->kv_heads, d = m->head_dim;
-    const int64_t I = m->inter, cap = m->capacity, P = start + T, rep = nq / nkv;
+    const int64_t I = m->inter, rep = nq / nkv;
     const int64_t nqkv = (nq + 2 * nkv) * d, widest = I > H ? I : H;
     const int64_t natt = nq * d > H ? nq * d : H;
+    int64_t T = 0, P = 0, L = 0;
+    for (int64_t s = 0; s < nseq; s++) {
+        T += seqs[s].rows, L += seqs[s].num_logits;
+        if (seqs[s].start + seqs[s].rows > P) P = seqs[s].start + seqs[s].rows;
+    }
     if (nthreads < 1) nthreads = 1;
     /* shared: the residual stream, q/k/v, attention outputs, MLP channels; then each
      * thread's own: normed rows, x's group sums (groups of 16 at the smallest), scores */
@@ -323,8 +339,16 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
     float *att = malloc(sizeof(float) * T * natt), *act = malloc(sizeof(float) * T * 2 * I);
     float *mine = malloc(sizeof(float) * own * nthreads);
     uint8_t *qmine = q8 ? malloc(qown * nthreads) : NULL;
-    int failed = !x || !qkv || !att || !act || !mine || (q8 && !qmine);
+    /* each row's answer and position; the rows the head reads */
+    int64_t *seq_of = malloc(sizeof(int64_t) * (T + 1)), *pos = malloc(sizeof(int64_t) * (T + 1));
+    int64_t *heads = malloc(sizeof(int64_t) * (L + 1));
+    int failed = !x || !qkv || !att || !act || !mine || (q8 && !qmine) || !seq_of || !pos || !heads;
     if (!failed) {
+        for (int64_t s = 0, t = 0, j = 0; s < nseq; s++) {
+            for (int64_t r = 0; r < seqs[s].rows; r++, t++) seq_of[t] = s, pos[t] = seqs[s].start + r;
+            for (int64_t r = seqs[s].rows - seqs[s].num_logits; r < seqs[s].rows; r++)
+                heads[j++] = t - seqs[s].rows + r;
+        }
         memcpy(x, x_in, sizeof(float) * T * H);
         Barrier bar = {0, 0, 0, 1};
 #pragma omp parallel num_threads(nthreads)
@@ -336,56 +360,60 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
             Q8Rows rows, *xq = q8 ? &rows : NULL;
             void *qbuf = q8 ? qmine + id * qown : NULL;
             for (int64_t l = 0; l < m->layers; l++) {
-                const Layer *L = &m->layer[l];
-                float *kc = m->k + l * nkv * cap * d, *vc = m->v + l * nkv * cap * d;
+                const Layer *Ly = &m->layer[l];
                 int64_t a, b;
                 /* q/k/v */
                 for (int64_t t = 0; t < T; t++)
-                    rms_norm(x + t * H, L->attn_norm, H, m->eps, h + t * H);
+                    rms_norm(x + t * H, Ly->attn_norm, H, m->eps, h + t * H);
                 if (q8) q8_rows(h, T, H, qbuf, xq);
                 share(nqkv, unit, id, nt, &a, &b);
-                bad |= lin_columns(&L->qkv, h, xq, T, a, b, qkv, nqkv, m->direct_rows, xs);
+                bad |= lin_columns(&Ly->qkv, h, xq, T, a, b, qkv, nqkv, m->direct_rows, xs);
                 barrier_wait(&bar, &sense);
-                /* per head: q/k norms, RoPE; keys and values into the cache */
+                /* per head: q/k norms, RoPE; keys and values into the row's own cache */
                 share(T * (nq + nkv), 1, id, nt, &a, &b);
                 for (int64_t i = a; i < b; i++) {
-                    int64_t t = i / (nq + nkv), j = i % (nq + nkv), p = start + t;
+                    int64_t t = i / (nq + nkv), j = i % (nq + nkv), p = pos[t];
+                    const Seq *q = &seqs[seq_of[t]];
                     float *hd = qkv + t * nqkv + j * d;
-                    const float *w = j < nq ? L->q_norm : L->k_norm;
+                    const float *w = j < nq ? Ly->q_norm : Ly->k_norm;
                     if (w) rms_norm(hd, w, d, m->eps, hd);
                     rope(hd, m->cos + p * d, m->sin + p * d, d);
                     if (j >= nq) {
-                        int64_t g = j - nq;
+                        int64_t g = j - nq, cap = q->capacity;
+                        float *kc = q->k + l * nkv * cap * d, *vc = q->v + l * nkv * cap * d;
                         memcpy(kc + (g * cap + p) * d, hd, sizeof(float) * d);
                         memcpy(vc + (g * cap + p) * d, qkv + t * nqkv + (nq + nkv + g) * d,
                                sizeof(float) * d);
                     }
                 }
                 barrier_wait(&bar, &sense);
-                /* attention: each (row, query head) over the keys up to its own position */
+                /* attention: each (row, query head) over its cache's keys up to its position */
                 share(T * nq, 1, id, nt, &a, &b);
                 for (int64_t i = a; i < b; i++) {
-                    int64_t t = i / nq, hq = i % nq, p = start + t;
+                    int64_t t = i / nq, hq = i % nq, p = pos[t];
+                    const Seq *q = &seqs[seq_of[t]];
+                    int64_t cap = q->capacity;
+                    const float *kc = q->k + l * nkv * cap * d, *vc = q->v + l * nkv * cap * d;
                     attend(qkv + t * nqkv + hq * d, kc + (hq / rep) * cap * d,
                            vc + (hq / rep) * cap * d, p + 1, d, (float)m->attn_scale, scores,
                            att + t * natt + hq * d);
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */
-                if (q8) q8_rows(att, T, L->o.K, qbuf, xq);
+                if (q8) q8_rows(att, T, Ly->o.K, qbuf, xq);
                 share(H, unit, id, nt, &a, &b);
-                bad |= lin_columns(&L->o, att, xq, T, a, b, act, H, m->direct_rows, xs);
+                bad |= lin_columns(&Ly->o, att, xq, T, a, b, act, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += act[t * H + n];
                 barrier_wait(&bar, &sense);
                 /* the MLP: gate and up columns of the same channels in one share */
                 for (int64_t t = 0; t < T; t++)
-                    rms_norm(x + t * H, L->ffn_norm, H, m->eps, h + t * H);
+                    rms_norm(x + t * H, Ly->ffn_norm, H, m->eps, h + t * H);
                 if (q8) q8_rows(h, T, H, qbuf, xq);
                 share(I, unit, id, nt, &a, &b);
-                bad |= lin_columns(&L->gate_up, h, xq, T, a, b, act, 2 * I, m->direct_rows, xs);
-                bad |= lin_columns(&L->gate_up, h, xq, T, I + a, I + b, act, 2 * I, m->direct_rows,
-                                   xs);
+                bad |= lin_columns(&Ly->gate_up, h, xq, T, a, b, act, 2 * I, m->direct_rows, xs);
+                bad |= lin_columns(&Ly->gate_up, h, xq, T, I + a, I + b, act, 2 * I,
+                                   m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++)
                         act[t * 2 * I + n] = silu(act[t * 2 * I + n]) * act[t * 2 * I + I + n];
@@ -394,7 +422,7 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
                 share(H, unit, id, nt, &a, &b);
                 for (int64_t t = 0; t < T; t++) memcpy(h + t * I, act + t * 2 * I, sizeof(float) * I);
                 if (q8) q8_rows(h, T, I, qbuf, xq);
-                bad |= lin_columns(&L->down, h, xq, T, a, b, att, H, m->direct_rows, xs);
+                bad |= lin_columns(&Ly->down, h, xq, T, a, b, att, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += att[t * H + n];
                 for (int64_t k = 0; k < ntaps; k++)
@@ -404,14 +432,12 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
                                    sizeof(float) * (b - a));
                 barrier_wait(&bar, &sense);
             }
-            /* the final norm and the head, for the last num_logits rows */
-            int64_t a, b, first = T - num_logits;
-            for (int64_t t = 0; t < num_logits; t++)
-                rms_norm(x + (first + t) * H, m->norm, H, m->eps, h + t * H);
-            if (q8) q8_rows(h, num_logits, H, qbuf, xq);
+            /* the final norm and the head, for each answer's last num_logits rows */
+            int64_t a, b;
+            for (int64_t j = 0; j < L; j++) rms_norm(x + heads[j] * H, m->norm, H, m->eps, h + j * H);
+            if (q8) q8_rows(h, L, H, qbuf, xq);
             share(m->vocab, unit, id, nt, &a, &b);
-            bad |= lin_columns(&m->head, h, xq, num_logits, a, b, logits, m->vocab, m->direct_rows,
-                               xs);
+            bad |= lin_columns(&m->head, h, xq, L, a, b, logits, m->vocab, m->direct_rows, xs);
             if (bad) {
 #pragma omp atomic write
                 failed = 1;
@@ -419,5 +445,15 @@ int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
         }
     }
     free(x), free(qkv), free(att), free(act), free(mine), free(qmine);
+    free(seq_of), free(pos), free(heads);
     return failed ? -1 : 0;
+}
+
+/* One answer's pass: x_in [T, H] at positions [start, start + T) of the model's cache
+ * (m->k, m->v, m->capacity); logits [num_logits, V] of its last num_logits rows. */
+int decoder_forward(const Model *m, const float *x_in, int64_t T, int64_t start,
+                    const int64_t *taps, int64_t ntaps, float *tap_out, int64_t num_logits,
+                    float *logits, int nthreads) {
+    Seq one = {m->k, m->v, m->capacity, start, T, num_logits};
+    return decoder_forward_many(m, &one, 1, x_in, taps, ntaps, tap_out, logits, nthreads);
 }

@@ -35,7 +35,8 @@ class DFlashMethod(BlockMethod):
     architectures = ("DFlashDraftModel",)
     training = BlockTraining()  # the block drafters' training is DFlash's as it stands
     export = EXPORT
-    variants = ("dflash2",)  # a DFlash 2 checkpoint given to --method dflash (methods/dflash2/drafter.py)
+    # a DFlash 2 checkpoint given to --method dflash (methods/dflash2/drafter.py)
+    variants = ("dflash2",)
     label = "DFlash"
 
     @classmethod

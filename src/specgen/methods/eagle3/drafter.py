@@ -37,6 +37,7 @@ import torch
 from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.core.errors import SpecgenError
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
+from specgen.drafting.packing import packed_like
 from specgen.methods.eagle3.chain import ChainSteps, pick
 from specgen.methods.eagle3.config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
 from specgen.methods.eagle3.export import EXPORT
@@ -100,7 +101,7 @@ class Eagle3Method(DraftMethod):
         )
         k = spec.draft_tokens or net.args.chain
         graphs = spec.cuda_graphs and target.device.type == "cuda"
-        key = f"{cls.name}|{checkpoint.path}|{k}"
+        key = f"{cls.name}|{checkpoint.path}|{k}|{packed_like(net, target)}"
         return cls(net, target, k, cache_key=key, cuda_graphs=graphs)
 
     def new_drafter(self, capacity: int) -> Eagle3Drafter:

@@ -101,7 +101,8 @@ def trainable(net: Eagle3Net) -> list[torch.nn.Parameter]:
 
 
 class _Attention:
-    """One layer's q/k/v and output, differentiably (methods/eagle3/network.py's forward, unrolled)."""
+    """One layer's q/k/v and output, differentiably (methods/eagle3/network.py's forward,
+    unrolled)."""
 
     def __init__(self, net: Eagle3Net, i: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.net, self.i, self.layer = net, i, net.layers[i]

@@ -7,6 +7,7 @@ models/layers/decoder.py, with packed.c's batch-invariant products. A model it c
 (a family that does not declare `fused_cpu`, an option outside `OPTIONS`, dense or bf16
 weights, a GPU, a hybrid or shared cache, padded batches) goes through the eager layers;
 `SPECGEN_CPU_PASS=eager` forces that path (the oracle in tests, the baseline in benchmarks).
+Answers stepped together share one pass (`run_many`) unless `SPECGEN_CPU_PASS=separate`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import time
 
 import torch
 
-from specgen.kernels.decoder_cpu import Layer, Lin, Model, Seg, decoder_forward
+from specgen.kernels.decoder_cpu import (
+    Layer,
+    Lin,
+    Model,
+    Seg,
+    Seq,
+    decoder_forward,
+    decoder_forward_many,
+)
 from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.family import family_of
@@ -37,6 +46,12 @@ MIN_PARALLEL_WORK = 1 << 18
 
 def wanted() -> bool:
     return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
+
+
+def shared_wanted() -> bool:
+    """Whether answers stepped together share one pass; `SPECGEN_CPU_PASS=separate` gives
+    each its own (the baseline in benchmarks; the same bits)."""
+    return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "separate"
 
 
 def tuned_threads() -> bool:
@@ -152,6 +167,55 @@ class FusedPass:
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
         return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
+
+    def run_many(
+        self,
+        model,
+        parts: list[tuple[list[int], StaticKVCache, int]],  # (tokens, cache, num_logits)
+        taps: tuple[int, ...],
+    ) -> list[tuple[torch.Tensor, dict[int, torch.Tensor]]]:
+        """Several answers' rows in one pass, each after what its own cache holds (the
+        caller reserves and commits): every weight read once for all of them, and each
+        row's bits what its answer alone would get (decoder.c). Per answer, as `run`:
+        logits [1, num_logits, V] and taps [1, T, H]."""
+        h, vocab = model.args.hidden_size, model.args.vocab_size
+        rows = [len(tokens) for tokens, _, _ in parts]
+        total = sum(rows)
+        x = model.embed_tokens(torch.tensor([[t for tokens, _, _ in parts for t in tokens]]))
+        x = x.contiguous()
+        cos, sin = model._tables[0]
+        m = self.model
+        m.cos, m.sin = cos.data_ptr(), sin.data_ptr()
+        seqs = (Seq * len(parts))()
+        for i, (tokens, cache, num_logits) in enumerate(parts):
+            seqs[i] = Seq(
+                k=cache.k.data_ptr(),
+                v=cache.v.data_ptr(),
+                capacity=cache.capacity,
+                start=cache.length,
+                rows=len(tokens),
+                num_logits=num_logits,
+            )
+        wanted_taps = tuple(dict.fromkeys(i for i in taps if 0 <= i < self.layer_count))
+        tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
+        tapped = torch.empty(len(wanted_taps), total, h)
+        logits = torch.empty(sum(n for _, _, n in parts), vocab)
+        threads, began = self.threads(total), time.perf_counter()
+        failed = decoder_forward_many()(
+            ctypes.byref(m), seqs, len(parts), x.data_ptr(), tap_ids, len(wanted_taps),
+            tapped.data_ptr(), logits.data_ptr(), threads,
+        )  # fmt: skip
+        if self.tuner is not None:
+            self.tuner.record(total, threads, time.perf_counter() - began)
+        if failed:
+            raise MemoryError("fused decoder pass: out of memory for its buffers")
+        outs, row, head = [], 0, 0
+        for (_, _, num_logits), n in zip(parts, rows, strict=True):
+            mine = logits[head : head + num_logits].unsqueeze(0)
+            outs.append((mine, {i: tapped[k, row : row + n].unsqueeze(0)
+                                for k, i in enumerate(wanted_taps)}))  # fmt: skip
+            row, head = row + n, head + num_logits
+        return outs
 
     def threads(self, rows: int) -> int:
         """One for a pass too small to share; else up to torch's count (set by --threads),

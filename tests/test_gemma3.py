@@ -396,3 +396,18 @@ def test_drafters_built_for_other_gemmas_are_refused_in_one_line(tiny_gemma3, ti
     eagle = save_eagle3(tmp_path / "e3", "specforge", taps=[1, 3, 5])
     done = runner.invoke(app, [*args, "--method", "eagle3", "--drafter", str(eagle)])
     assert_one_line_error(done, 2, "no EAGLE-3 drafter on a gemma3 target")
+
+
+def test_a_smaller_gemma3_drafts_for_it_as_ar(tiny_gemma3, tmp_path):
+    """`--method draft`: a smaller Gemma 3 of the same tokenizer (as gemma-3-270m or -1b for
+    the 4B and up) drafting with its own sliding-window cache, rolled back with the
+    target's: every answer AR's, its drafts verified whole or as the scheduler chooses."""
+    save_tiny_gemma3(tmp_path / "small", seed=8, num_hidden_layers=3, hidden_size=32,
+                     intermediate_size=64, head_dim=8, sliding_window_pattern=3)  # fmt: skip
+    ar = Pipeline.load(str(tiny_gemma3), device="cpu", dtype="float32")
+    for prompt in ("The quick brown fox", "def add(a, b):\n    return a + b\ndef add(a, b):"):
+        want = ar.generate(prompt, raw=True, max_new_tokens=32).token_ids
+        for policy in ({"verify_policy": "full"}, {}):
+            spec = SpecConfig(method="draft", drafter=str(tmp_path / "small"), **policy)
+            got = ar.with_spec(spec).generate(prompt, raw=True, max_new_tokens=32)
+            assert got.token_ids == want, (policy, prompt)

@@ -119,7 +119,9 @@ def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin
 def notes(engine: str, serve: ServeTarget) -> list[str]:
     """What the user should know about running it: the chat mode and the target's kind
     here, the method's own after them."""
-    out = []
+    out: list[str] = []
+    if _hints(serve.method).own_head:  # the target's own head: no drafter's training to match
+        return out + _hints(serve.method).notes(engine, serve)
     if serve.thinking is False and serve.gemma:
         out.append(
             "the Gemma 4 drafters were trained on non-thinking answers (DeepSpec's; z-lab's "

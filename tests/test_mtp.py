@@ -179,9 +179,7 @@ def test_the_engines_drafts_equal_the_reference(ars, echo_dir):
 
 
 @pytest.mark.parametrize("which", ["echo", "random"])
-@pytest.mark.parametrize(
-    "engine", ["sync", "cost", "resident", "stacked-ngram", "many", "int8"]
-)
+@pytest.mark.parametrize("engine", ["sync", "cost", "resident", "stacked-ngram", "many", "int8"])
 def test_every_engine_path_is_ar(ars, answers, echo_dir, random_dir, which, engine, monkeypatch):
     ar = ars[which]
     if engine == "int8":  # packed matrices: the target AR runs is packed too
@@ -376,3 +374,32 @@ def test_cli_generate_and_bench_run_mtp(echo_dir, tmp_path):
     last = json.loads(bench.stdout.strip().splitlines()[-1])
     assert last["lossless"]["mtp"]["match_rate"] == 1.0
     assert last["results"]["mtp"]["all"]["tau"] > 1.0
+
+
+@pytest.mark.integration
+def test_serve_answers_with_mtp_as_ar_does(echo_dir):
+    """`specgen serve --methods ar,mtp`: a request for mtp is answered as AR answers it,
+    alone and beside another (slots), with MTP's drafts accepted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.serve import CPU, Server
+
+    srv = Server("--model", str(echo_dir), "--methods", "ar,mtp", "--parallel", "2", *CPU)
+    try:
+        with srv.http() as http:
+
+            def ask(method):
+                body = {"prompt": PROMPTS[0], "max_tokens": 20, "specgen": {"method": method}}
+                r = http.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            ar, mtp = ask("ar"), ask("mtp")
+            with ThreadPoolExecutor(2) as pool:
+                together = list(pool.map(ask, ["mtp", "ar"]))
+    finally:
+        srv.stop()
+    text = ar["choices"][0]["text"]
+    assert mtp["choices"][0]["text"] == text
+    assert [t["choices"][0]["text"] for t in together] == [text, text]
+    assert mtp["specgen"]["method"] == "mtp" and mtp["specgen"]["mean_acceptance_length"] > 1

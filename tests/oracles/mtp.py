@@ -63,7 +63,8 @@ class Reference:
         q, gate = qg[..., :d], qg[..., d:].reshape(t, -1)
         k = (a @ w[p + "self_attn.k_proj.weight"].T).view(t, self.kv_heads, d)
         v = (a @ w[p + "self_attn.v_proj.weight"].T).view(t, self.kv_heads, d)
-        q, k = self._norm(q, p + "self_attn.q_norm.weight"), self._norm(k, p + "self_attn.k_norm.weight")
+        q = self._norm(q, p + "self_attn.q_norm.weight")
+        k = self._norm(k, p + "self_attn.k_norm.weight")
         positions = torch.arange(t)
         q, k = self._rope(q, positions), self._rope(k, positions)
         group = self.heads // self.kv_heads

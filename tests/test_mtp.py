@@ -304,6 +304,16 @@ def test_a_target_without_mtp_layers_is_refused_in_one_line(tiny_qwen3_5, tiny_l
         assert_one_line_error(result, 2, fragment)
 
 
+def test_an_mtp_file_without_method_is_refused_in_one_line(echo_dir, tmp_path):
+    head = {
+        k: v for k, v in load_file(echo_dir / "model.safetensors").items() if k.startswith("mtp.")
+    }
+    save_file(head, tmp_path / "mtp.safetensors")
+    result = runner.invoke(app, ["generate", "hi", "--model", str(echo_dir), *FAST,
+                                 "--drafter", str(tmp_path / "mtp.safetensors")])  # fmt: skip
+    assert_one_line_error(result, 2, "a weights file without a config", "--method mtp")
+
+
 def test_a_head_of_two_layers_is_refused(echo_dir, tmp_path):
     path = shutil.copytree(echo_dir, tmp_path / "two")
     tensors = load_file(path / "model.safetensors")

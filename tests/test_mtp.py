@@ -89,9 +89,16 @@ class Oracle:
         self.text, self.head = hf.model.language_model, hf.lm_head.weight
         self.ref = Reference(mtp_source or path, path)
 
+        self._hidden: tuple[list[int], torch.Tensor] | None = None
+
     def draft(self, seq, n, anchor, k):
-        with torch.no_grad():
-            hidden = self.text(input_ids=seq[None, :n]).last_hidden_state[0]
+        """The reference's k drafts after the first n tokens of `seq` and `anchor`. The
+        target is causal: its hidden states of a prefix are those of the whole sequence's
+        first rows, computed once per sequence."""
+        if self._hidden is None or self._hidden[0] != seq.tolist():
+            with torch.no_grad():
+                self._hidden = (seq.tolist(), self.text(input_ids=seq[None]).last_hidden_state[0])
+        hidden = self._hidden[1][:n]
         embed = self.text.embed_tokens.weight
         return self.ref.draft(hidden, seq[:n].tolist(), anchor, k, embed, self.head)
 

@@ -35,6 +35,7 @@ import torch
 
 from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
+from specgen.drafting.packing import packed_like
 from specgen.kernels.rmsnorm import rms_norm
 from specgen.methods.mtp.chain import ChainSteps, pick
 from specgen.methods.mtp.export import EXPORT
@@ -101,7 +102,8 @@ class MtpMethod(DraftMethod):
         net = load_mtp(target, given, target_name=target_name, name=name)
         k = spec.draft_tokens or DEFAULT_CHAIN
         graphs = spec.cuda_graphs and target.device.type == "cuda"
-        key = f"{cls.name}|{given or target.source}|{k}"
+        # beside a packed CPU target its matrices are packed too (drafting/packing.py)
+        key = f"{cls.name}|{given or target.source}|{k}|{packed_like(net, target)}"
         return cls(net, target, k, cache_key=key, cuda_graphs=graphs)
 
     def new_drafter(self, capacity: int) -> MtpDrafter:

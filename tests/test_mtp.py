@@ -309,6 +309,27 @@ def test_an_mtp_only_file_as_drafter(ars, echo_dir, tmp_path):
         assert [r["draft"] for r in got.stats.trace] == [r["draft"] for r in want.stats.trace]
 
 
+def test_a_gguf_target_drafts_with_the_head_given_as_a_file(echo_dir, tmp_path):
+    """A packed GGUF target (even one whose file keeps llama.cpp's MTP blocks) does not
+    read them: refused in one line; the checkpoint's head given as a file drafts for it."""
+    from support.packed import FAMILY_MIXES, write_tiny_gguf
+
+    write_tiny_gguf(echo_dir, tmp_path / "t.gguf", FAMILY_MIXES["q8_0"], mtp=1)
+    ar = Pipeline.load(str(tmp_path / "t.gguf"), device="cpu", dtype="float32")
+    with pytest.raises(CheckpointError, match="not read from GGUF files"):
+        _mtp(ar)
+    head = {
+        k: v for k, v in load_file(echo_dir / "model.safetensors").items() if k.startswith("mtp.")
+    }
+    save_file(head, tmp_path / "mtp.safetensors")
+    pipe = _mtp(ar, drafter=str(tmp_path / "mtp.safetensors"))
+    got = [pipe.generate(p, max_new_tokens=20, session=pipe.new_session()) for p in PROMPTS]
+    assert [g.token_ids for g in got] == [
+        ar.generate(p, max_new_tokens=20).token_ids for p in PROMPTS
+    ]
+    assert sum(g.stats.accepted for g in got) > 0
+
+
 def test_a_target_without_mtp_layers_is_refused_in_one_line(tiny_qwen3_5, tiny_llama):
     for model, fragment in ((tiny_qwen3_5, "has no MTP layers"), (tiny_llama, "a llama target")):
         result = runner.invoke(app, ["generate", "hi", "--model", str(model), *FAST,

@@ -279,14 +279,28 @@ def test_rollback_at_the_edges(ars, engine, monkeypatch):
 
 
 def test_the_cost_scheduler_chooses_k(ars):
-    """Under the default cost policy the chain length is the scheduler's; still AR."""
-    pipe = ars["echo"].with_spec(SpecConfig(method="mtp", draft_tokens=5, trace=True))
+    """Under the cost policy, from fixed prices (not this machine's timings): priced cheap,
+    the echo head's chains are verified, long; priced at five target steps a token, the
+    scheduler mostly decodes plainly (but for its probes); AR's answer either way."""
+    from specgen.scheduling.cost import CostTable
+
+    ar = ars["echo"]
+    pipe = ar.with_spec(SpecConfig(method="mtp", draft_tokens=5, trace=True))
     assert pipe.method.max_draft_tokens == 5
-    for prompt in PROMPTS:
-        want = ars["echo"].generate(prompt, max_new_tokens=20)
-        got = pipe.generate(prompt, max_new_tokens=20, session=pipe.new_session())
-        assert got.token_ids == want.token_ids
-        assert all(len(r["draft"]) <= 5 for r in got.stats.trace)
+
+    def priced(draft):
+        steps = tuple(1.0 + 0.01 * n for n in range(6))
+        table = CostTable((1,), (steps,), {"mtp": tuple(draft * (j + 1) for j in range(5))})
+        return ar.with_spec(pipe.spec, costs=table)
+
+    want = ar.generate(PROMPTS[0], max_new_tokens=30).token_ids
+    cheap = priced(0.01).generate(PROMPTS[0], max_new_tokens=30)
+    dear = priced(5.0).generate(PROMPTS[0], max_new_tokens=30)
+    assert cheap.token_ids == dear.token_ids == want
+    assert max(len(r["draft"]) for r in cheap.stats.trace) > 1  # chains of several drafts
+    assert all(len(r["draft"]) <= 5 for r in cheap.stats.trace)
+    assert dear.stats.verified < cheap.stats.verified / 2
+    assert dear.stats.steps > cheap.stats.steps
 
 
 def test_an_mtp_only_file_as_drafter(ars, echo_dir, tmp_path):

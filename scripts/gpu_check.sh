@@ -5,7 +5,7 @@
 #      (benchmarks/engine_steps.py) -- issue 8's sync-vs-overlap measurement;
 #      and a profile of eager decoding steps (benchmarks/profile_eager_steps.py);
 #   2. the gpu-marked tests and the kernel tests, for real on CUDA (EAGLE-3's chain graphs
-#      and resident steps: tests/test_gpu_eagle3.py);
+#      and resident steps: tests/test_gpu_eagle3.py; MTP's: tests/test_gpu_mtp.py);
 #   3. step costs at Qwen3-4B / Qwen3-8B, Qwen3.5-4B / -9B and Gemma-4-12B shapes with random bf16 weights,
 #      eager and as CUDA graphs (benchmarks/shapes_bench.py: AR step, verify-16 / AR, DFlash
 #      draft / AR, and for the hybrid targets a verify after a partial acceptance, whose
@@ -49,7 +49,7 @@ PER_TEST=""
 $PY -c "import pytest_timeout" 2>/dev/null && PER_TEST="--timeout 120"
 timeout 200 $PY -m pytest -q -p no:cacheprovider $PER_TEST tests/test_gpu.py tests/test_gpu_logprobs.py tests/kernels \
   tests/test_cuda_graphs.py tests/test_gpu_hybrid.py tests/test_hybrid_state.py \
-  tests/test_gpu_gemma4.py tests/test_gpu_gemma3.py tests/test_gpu_eagle3.py \
+  tests/test_gpu_gemma4.py tests/test_gpu_gemma3.py tests/test_gpu_eagle3.py tests/test_gpu_mtp.py \
   "tests/test_draft_model.py::test_on_cuda_every_engine_is_ar" \
   "tests/test_packed_families.py::test_on_cuda_a_packed_target_gives_the_files_logits_and_greedy_answers" 2>&1 | tee "$OUT/gpu-tests.full.txt" | tail -30 > "$OUT/gpu-tests.txt"
 cat "$OUT/gpu-tests.txt"

@@ -158,3 +158,20 @@ def test_the_cli_adds_the_bench_line_on_stderr_only():
     sglang = runner.invoke(app, [*args[:-1], "sglang"])
     assert "measure it: specgen bench --endpoint http://127.0.0.1:8000/v1" in sglang.stderr
     assert "per-request-spec-decode-metrics" not in sglang.stderr
+
+
+def test_mtp_names_no_drafter_on_either_engine():
+    """The target's own MTP layers: vLLM's `mtp` method, SGLang's NEXTN, no draft model."""
+    serve = resolve_target("qwen3.5-4b", "mtp", None, None)
+    argv = shlex.split(launch_command("vllm", serve))
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "mtp", "num_speculative_tokens": 3}
+    argv = shlex.split(launch_command("sglang", serve))
+    assert "--speculative-draft-model-path" not in argv
+    assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "3"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+    said = " ".join(notes("sglang", serve))
+    assert "--spec-type draft-mtp --draft-max 3" in said and "z-lab" not in said
+    argv = shlex.split(launch_command("vllm", resolve_target("qwen3.5-4b", "mtp", None, 2)))
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2

@@ -39,6 +39,8 @@ def resolve_target(model: str, method: str, drafter: str | None, block: int | No
     if target.endswith(".gguf"):
         raise SpecgenError("export serves a Hugging Face model (repo or directory), not GGUF")
     drafter = drafter or (entry.drafters.get(method) if entry else None)
+    if drafter is None and _hints(method).own_head:
+        drafter = ""  # the target's own layers draft (MTP)
     if drafter is None:
         raise SpecgenError(no_drafter(method, model))
     if drafter.startswith(PACKAGED):  # a serving engine needs the directory
@@ -85,10 +87,11 @@ def _vllm(serve: ServeTarget, tp: int, port: int) -> list[str]:
 
 def _sglang(serve: ServeTarget, tp: int, port: int) -> list[str]:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", serve.target]
-    algorithm = _hints(serve.method).sglang_algorithm or serve.method.upper()
-    argv += ["--speculative-algorithm", algorithm]
-    argv += ["--speculative-draft-model-path", serve.drafter]
-    argv += _hints(serve.method).sglang_flags(serve)
+    hints = _hints(serve.method)
+    argv += ["--speculative-algorithm", hints.sglang_algorithm or serve.method.upper()]
+    if serve.drafter:  # (a target's own head drafts without one)
+        argv += ["--speculative-draft-model-path", serve.drafter]
+    argv += hints.sglang_flags(serve)
     if serve.hybrid:  # room for the recurrent state of every draft position
         argv += ["--mamba-scheduler-strategy", "extra_buffer"]
     if tp > 1:
@@ -116,7 +119,9 @@ def bench_command(serve: ServeTarget, *, port: int = 8000, suite: str = "builtin
 def notes(engine: str, serve: ServeTarget) -> list[str]:
     """What the user should know about running it: the chat mode and the target's kind
     here, the method's own after them."""
-    out = []
+    out: list[str] = []
+    if _hints(serve.method).own_head:  # the target's own head: no drafter's training to match
+        return out + _hints(serve.method).notes(engine, serve)
     if serve.thinking is False and serve.gemma:
         out.append(
             "the Gemma 4 drafters were trained on non-thinking answers (DeepSpec's; z-lab's "

@@ -256,12 +256,14 @@ def packaged_drafters(alias: str) -> list[str]:
 
 def resolve_drafter(spec: str) -> Path:
     """A drafter checkpoint: shipped (`specgen:NAME`), a local directory with config.json,
-    or a Hub repo id."""
+    a local .safetensors file (a head kept apart, e.g. MTP layers), or a Hub repo id."""
     if spec.startswith(PACKAGED):
         return packaged_drafter(spec)
     path = Path(spec).expanduser()
     if path.exists():
         if (path / "config.json").is_file():
+            return path
+        if path.is_file() and path.suffix == ".safetensors":  # a head alone (MTP layers)
             return path
         raise ModelNotFoundError(f"{spec}: not a drafter checkpoint (no config.json)")
     if _is_repo_id(spec):

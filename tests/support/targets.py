@@ -93,11 +93,25 @@ def tiny_tokenizer():
     return _TOKENIZER
 
 
-def save_tiny_qwen3_5(path: Path, seed: int = 0, *, layers: int = 6, **text_overrides):
+def save_tiny_qwen3_5(
+    path: Path,
+    seed: int = 0,
+    *,
+    layers: int = 6,
+    mtp_layers: int = 0,
+    echo: float | None = None,
+    **text_overrides,
+):
     """A random tiny Qwen3.5 saved as published: the multimodal
     `Qwen3_5ForConditionalGeneration` (vision tower included, text under
     `model.language_model.`), with every norm weight perturbed (its zero-centred norms
-    would otherwise hide a missing 1 + w), plus the tiny tokenizer. Returns the model."""
+    would otherwise hide a missing 1 + w), plus the tiny tokenizer. Returns the model.
+
+    `mtp_layers`: the checkpoint also carries that many multi-token-prediction layers in
+    the published names (`mtp.*`, config `mtp_num_hidden_layers`; transformers ignores
+    them). `echo`: every layer's output projections (target and MTP) are scaled by it and
+    the MTP's fc reads the embedding half, so both mostly predict from the last token
+    alone and MTP drafts are mostly accepted (long accepted chains to test)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     text = dict(
@@ -143,9 +157,79 @@ def save_tiny_qwen3_5(path: Path, seed: int = 0, *, layers: int = 6, **text_over
                 weight.normal_(1.0, 0.1)
             elif "norm" in name:  # zero-centred (zeros at init)
                 weight.normal_(0.0, 0.1)
+            if echo is not None and name.endswith(ECHOED):
+                weight.mul_(echo)
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
+    if mtp_layers:
+        _add_mtp(path, model, mtp_layers, echo)
     return model
+
+
+# a layer's output projections: what `echo` scales
+ECHOED = ("o_proj.weight", "down_proj.weight", "out_proj.weight")
+
+
+def mtp_weights(model, layers: int, echo: float | None = None) -> dict[str, torch.Tensor]:
+    """Random Qwen3.5 MTP layers for `model` (a Qwen3_5ForConditionalGeneration), named as
+    published: `mtp.fc` [H, 2H] over cat(embedding, hidden), its two zero-centred pre-fc
+    norms, `mtp.layers.{i}.*` full-attention decoder layers (gated q_proj, q/k norms) and
+    `mtp.norm`. With `echo`, fc passes the normed embedding through and the final norm is
+    the target's, so the head predicts what the target predicts after that token."""
+    text = model.config.text_config
+    h, d, inter = text.hidden_size, text.head_dim, text.intermediate_size
+    nq, nkv = text.num_attention_heads, text.num_key_value_heads
+    std = text.initializer_range
+
+    def mat(rows, cols, scale=1.0):
+        return torch.randn(rows, cols) * std * scale
+
+    def norm(n):  # zero-centred: the scale is 1 + w
+        return torch.randn(n) * 0.1
+
+    out = {
+        "mtp.fc.weight": mat(h, 2 * h),
+        "mtp.pre_fc_norm_embedding.weight": norm(h),
+        "mtp.pre_fc_norm_hidden.weight": norm(h),
+        "mtp.norm.weight": norm(h),
+    }
+    small = 1.0 if echo is None else echo
+    for i in range(layers):
+        p = f"mtp.layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": norm(h),
+            p + "post_attention_layernorm.weight": norm(h),
+            p + "self_attn.q_proj.weight": mat(2 * nq * d, h),  # each head's query, then gate
+            p + "self_attn.k_proj.weight": mat(nkv * d, h),
+            p + "self_attn.v_proj.weight": mat(nkv * d, h),
+            p + "self_attn.o_proj.weight": mat(h, nq * d, small),
+            p + "self_attn.q_norm.weight": norm(d),
+            p + "self_attn.k_norm.weight": norm(d),
+            p + "mlp.gate_proj.weight": mat(inter, h),
+            p + "mlp.up_proj.weight": mat(inter, h),
+            p + "mlp.down_proj.weight": mat(h, inter, small),
+        }
+    if echo is not None:
+        out["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+        out["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
+        out["mtp.norm.weight"] = model.model.language_model.norm.weight.detach().clone()
+    return out
+
+
+def _add_mtp(path: Path, model, layers: int, echo: float | None) -> None:
+    """Write the MTP layers into the saved checkpoint, as the published ones carry them."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(1000 + layers)
+    weights = path / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors.update(mtp_weights(model, layers, echo))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = layers
+    (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def save_tiny_gemma4(path: Path, seed: int = 0, *, unified: bool = False, **text_overrides):

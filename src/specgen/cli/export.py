@@ -13,7 +13,7 @@ from specgen.terminal import display
 
 def export(
     method: Annotated[
-        str, typer.Option("--method", help="dflash, dflash2, draft, dspark or eagle3.")
+        str, typer.Option("--method", help="dflash, dflash2, draft, dspark, eagle3 or mtp.")
     ],
     engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")],
     model: ModelOpt = Run.model,

@@ -243,6 +243,11 @@ def checkpoint_free(source: str) -> bool:
 
 def method_of(drafter_dir: Path) -> str:
     """The registered method whose checkpoints have this drafter's architecture."""
+    if drafter_dir.is_file():  # weights alone (an MTP head): nothing says what they are
+        raise CheckpointError(
+            f"{drafter_dir}: a weights file without a config; give --method (--method mtp "
+            "for a model's MTP layers)"
+        )
     path = drafter_dir / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

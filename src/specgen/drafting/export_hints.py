@@ -33,6 +33,8 @@ class ExportHints:
     block_field: str = "block_size"  # where a local drafter's config.json keeps it
     vllm_method: str = ""  # the name vLLM knows it by ("": the method's own)
     sglang_algorithm: str = ""  # SGLang's --speculative-algorithm ("": the method's, upper case)
+    # the target drafts with its own layers (MTP): no drafter to name, none to download
+    own_head: bool = False
 
     def drafts(self, serve: ServeTarget) -> int:
         """Draft tokens per step the engines should verify."""
@@ -41,6 +43,8 @@ class ExportHints:
     def vllm_config(self, serve: ServeTarget) -> dict[str, object]:
         """vLLM's `--speculative-config`."""
         method = self.vllm_method or serve.method
+        if self.own_head:
+            return {"method": method, "num_speculative_tokens": self.drafts(serve)}
         return {"method": method, "model": serve.drafter,
                 "num_speculative_tokens": self.drafts(serve)}  # fmt: skip
 

@@ -38,7 +38,8 @@ class SafetensorsIndex:
     def __init__(self, model_dir: Path, name: str) -> None:
         self.name = name
         self.where: dict[str, Path] = {}
-        files = sorted(model_dir.glob("*.safetensors"))
+        # a directory's files, or one file (a head kept apart: an MTP-only file)
+        files = [model_dir] if model_dir.is_file() else sorted(model_dir.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{name}: no .safetensors weights in {model_dir}")
         for f in files:
@@ -110,6 +111,7 @@ def load_target(
     model = Transformer(args, dtype=dtype, device=device)
     fill(model.plan(model.family.prefix(index.where)), index, model.device)
     model.family.finish_load(model)
+    model.source = model_dir
     return model.eval()
 
 
@@ -158,4 +160,5 @@ def load_gguf_target(
                         dense.weight.data.copy_(child.dense())
                     setattr(parent, child_name, made[id(child)])
         storage_changed()
+    model.source = gguf_path
     return model.eval()

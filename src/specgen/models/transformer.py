@@ -13,6 +13,7 @@ causal with the mask offset by that length, and the new tokens are committed on 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -74,6 +75,9 @@ class Transformer(nn.Module):
         self._rope_of = [self._ropes.index(spec) for spec in specs]
         self._tables = [(torch.empty(0, d, dtype=dtype, device=dev),) * 2 for _, d in self._ropes]
         self.windows = tuple(family.window(args, i) for i in range(args.num_layers))
+        # where the weights were read (set by the loader): heads a checkpoint keeps beside
+        # the decoder (Qwen3.5's MTP layers) are read from there
+        self.source: Path | None = None
         # Gemma: the sqrt(hidden) scale rounded to the model dtype first, as transformers does
         self._embed_scale = (
             None if args.embed_scale is None else torch.tensor(args.embed_scale).to(dev, dtype)

@@ -76,7 +76,10 @@ def test_dflash2_commands(tmp_path, tiny_dflash2):
     "args, message",
     [
         (("qwen3-14b", "dflash", None, None), "no dflash drafter is known for qwen3-14b"),
-        (("qwen3-8b", "ngram", None, None), "--method must be one of dflash, dflash2, draft, dspark"),
+        (
+            ("qwen3-8b", "ngram", None, None),
+            "--method must be one of dflash, dflash2, draft, dspark",
+        ),
         (("model.gguf", "dflash", "d", None), "not GGUF"),
     ],
 )

@@ -24,8 +24,8 @@ import torch
 from specgen.core.config import FULL, SLIDING, ModelArgs, RopeArgs
 from specgen.core.errors import CheckpointError
 from specgen.models.cache.kv import StaticKVCache
-from specgen.models.family_config import config_errors, token_ids
 from specgen.models.family import MultimodalText, register
+from specgen.models.family_config import config_errors, token_ids
 from specgen.models.layers.gemma4 import GELU, GemmaLayer, GemmaShape, gemma_mlp_widths
 
 # a Gemma 4 target's fields a drafter of Qwen3 layers must not inherit
@@ -88,7 +88,8 @@ class Gemma4(MultimodalText):
         params = flat.get("rope_parameters")
         per_type = params if isinstance(params, dict) else {}
         full = per_type.get("full_attention") or {"rope_theta": 1e6}
-        flat["rope_parameters"] = {"rope_type": "default", "rope_theta": full.get("rope_theta", 1e6)}
+        theta = full.get("rope_theta", 1e6)
+        flat["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
         return flat
 
     def layer(self, args: ModelArgs, index: int, dtype: torch.dtype, device: torch.device):

@@ -15,8 +15,8 @@ import torch
 
 from specgen.core.config import ModelArgs
 from specgen.core.errors import CheckpointError
-from specgen.models.family_config import attention_args
 from specgen.models.family import Family, register
+from specgen.models.family_config import attention_args
 from specgen.models.layers.decoder import DecoderLayer
 
 

@@ -19,8 +19,8 @@ from torch import nn
 from specgen.core.config import FULL, LINEAR, ModelArgs
 from specgen.core.errors import CheckpointError
 from specgen.models.cache.hybrid import HybridCache
-from specgen.models.family_config import attention_args, config_errors, token_ids
 from specgen.models.family import MultimodalText, register
+from specgen.models.family_config import attention_args, config_errors, token_ids
 from specgen.models.layers.decoder import DecoderLayer
 from specgen.models.layers.gated_deltanet import GatedDeltaNetLayer
 

@@ -370,6 +370,7 @@ def test_cli_draft_model(models):
     assert json.loads(stacked.stdout)["token_ids"] == want["token_ids"]
 
 
+@pytest.mark.integration  # whole CLI runs
 def test_cli_bad_draft_models(models, other_tokenizer, tmp_path):
     base = ["generate", "hi", "--model", str(models["target"]), *FAST]
     result = run(*base, "--draft-model", str(tmp_path / "nowhere"))

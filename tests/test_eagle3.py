@@ -110,6 +110,7 @@ def test_cost_scheduler_picks_the_chain_length(tmp_path, target_dir, ar, layout)
         assert got.token_ids == want.token_ids
 
 
+@pytest.mark.statistical
 def test_sampling_through_eagle3_has_the_target_distribution(tmp_path, target_dir):
     """The second generated token's empirical distribution converges to the exact one."""
     from specgen.models.loading import load_target

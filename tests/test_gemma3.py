@@ -194,6 +194,7 @@ def test_an_exact_gelu_is_transformers(tmp_path):
 # --- every method on it ---------------------------------------------------------------
 
 
+@pytest.mark.integration  # every method's pipeline on one target
 def test_every_method_is_greedy_identical_to_ar(tiny_gemma3, tmp_path):
     """AR, the copy drafters and the block drafters (each verified whole, and scheduled)."""
     ar = Pipeline.load(str(tiny_gemma3), device="cpu", dtype="float32")

@@ -31,6 +31,7 @@ def test_triton_is_an_extra_not_a_dependency():
         assert any(d.startswith("triton") for d in project["optional-dependencies"][extra])
 
 
+@pytest.mark.integration  # a subprocess with Triton hidden
 def test_everything_imports_and_decodes_without_triton(tiny_llama):
     code = """
 import importlib, pkgutil
@@ -48,6 +49,7 @@ print(len(pipe.generate("hi", max_new_tokens=3).token_ids))
     assert 1 <= int(done.stdout) <= 3  # it decoded (the tiny model may stop early)
 
 
+@pytest.mark.integration  # pytest in a subprocess
 def test_triton_tests_skip_cleanly_without_triton(tmp_path):
     code = f"""
 import pytest

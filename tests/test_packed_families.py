@@ -192,6 +192,7 @@ def _pipelines(gguf_path, dense_dir):
 PROMPTS = ("The quick brown fox", "def add(a, b):\n    return")
 
 
+@pytest.mark.integration  # every method's pipeline on one target
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
 @pytest.mark.parametrize("act", ["fp32", "q8"])
 def test_every_method_is_greedy_identical_to_ar_on_a_packed_qwen3_5(targets, tmp_path, mix, act,

@@ -64,6 +64,7 @@ def _check_replay(ar: Pipeline, pipes: dict[str, Pipeline], prompts: list[str], 
     return [stats for m in real for stats in real[m]]
 
 
+@pytest.mark.integration  # the replay tool against the loops
 def test_replay_takes_the_loops_steps(tiny_qwen3_deep, tiny_dflash, tiny_dspark):
     ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     pipes = _priced(ar, {"dflash": str(tiny_dflash), "dspark": str(tiny_dspark)})
@@ -86,6 +87,7 @@ def test_replay_takes_the_loops_steps_on_the_default_model(embedded_dir):
     assert sum(s.accepted for s in stats) > 20
 
 
+@pytest.mark.integration  # the replay tool against the loops
 def test_replay_takes_the_loops_steps_with_three_drafters(tiny_qwen3_deep, tiny_dflash, tmp_path):
     """Stacked over DFlash, DSpark and EAGLE-3 (a chain drafter, priced per token): the
     replay still takes each method's real steps."""

@@ -259,6 +259,7 @@ def calls_in(r) -> int:
 CASES = 2500
 
 
+@pytest.mark.integration  # thousands of requests through the whole server
 @pytest.mark.parametrize("family, cases", [("chatml", CASES), ("qwen3", 800), ("gemma4", 800)])
 def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
     family, cases, pipe, tmp_path
@@ -290,6 +291,7 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_answers_after(
     assert family == "chatml" or calls >= 10  # calls were parsed, whole and streamed
 
 
+@pytest.mark.integration  # many requests through the whole server
 def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tiny_dflash):
     """Through real pipelines (the tiny Qwen3, AR and DFlash, a 64-token context): every field's
     every value in a valid request, then 100 fuzzed bodies, so what only the engine sees

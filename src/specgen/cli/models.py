@@ -64,16 +64,17 @@ def models(
 
 def _at_hand() -> dict[str, Path]:
     """The models here (name -> directory of config and tokenizer): the aliases downloaded
-    or embedded, then the other repos in the Hugging Face cache."""
+    or embedded, then the other repos in the Hugging Face cache. Only when two or more are
+    here (a pairing needs two): an embedded GGUF's config and tokenizer are then read out
+    of it, which imports what `specgen models` alone does not need."""
     from specgen.hub import cached_snapshot, embedded_gguf, hub_cache
-    from specgen.models.formats.gguf.convert import ensure_converted
 
     found: dict[str, Path] = {}
     for entry in MODELS.values():
         snapshot = cached_snapshot(entry.repo)
         gguf = None if snapshot is not None else embedded_gguf(entry)
         if snapshot is not None or gguf is not None:
-            found[entry.alias] = snapshot or ensure_converted(gguf)
+            found[entry.alias] = snapshot or gguf
     aliased = {e.repo.lower() for e in MODELS.values()}
     cache = hub_cache()
     for folder in sorted(cache.glob("models--*--*")) if cache.is_dir() else []:
@@ -81,7 +82,11 @@ def _at_hand() -> dict[str, Path]:
         snapshot = None if repo.lower() in aliased else cached_snapshot(repo)
         if snapshot is not None:
             found[repo] = snapshot
-    return found
+    if len(found) < 2:
+        return found
+    from specgen.models.formats.gguf.convert import ensure_converted
+
+    return {name: ensure_converted(p) if p.suffix == ".gguf" else p for name, p in found.items()}
 
 
 @functools.cache

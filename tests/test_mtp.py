@@ -194,7 +194,8 @@ ENGINE_CASES = [("echo", e) for e in PATHS] + [("random", e) for e in ("sync", "
 @pytest.mark.parametrize(("which", "engine"), ENGINE_CASES)
 def test_every_engine_path_is_ar(ars, answers, echo_dir, random_dir, which, engine, monkeypatch):
     ar = ars[which]
-    if engine == "int8":  # packed matrices: the target AR runs is packed too
+    if engine == "int8":  # packed matrices: the target AR runs is packed, and the head too
+        monkeypatch.setenv("SPECGEN_DRAFT_WEIGHTS", "int8")
         ar = Pipeline.load(str(echo_dir if which == "echo" else random_dir), device="cpu",
                            dtype="float32", quantize="int8")  # fmt: skip
     if engine == "resident":

@@ -216,20 +216,22 @@ def test_sampling_through_dflash_keeps_the_packed_targets_distribution(tiny_qwen
 
 def test_a_packed_targets_drafters_run_packed_too(tiny_qwen3_deep, tiny_dflash, tmp_path,
                                                   monkeypatch):  # fmt: skip
-    """On a packed CPU target a drafter's matrices are packed as int8 (its draft steps then
-    run the target's kernels at a quarter of the bytes), and its costs are keyed apart;
-    `SPECGEN_DRAFT_WEIGHTS=dense` keeps them as shipped, as does a dense target."""
+    """With SPECGEN_DRAFT_WEIGHTS=int8, on a packed CPU target a drafter's matrices are
+    packed as int8 (its draft steps then run the target's kernels at a quarter of the
+    bytes), its costs keyed apart, and its answers still AR's; by default, and on a dense
+    target, they stay as shipped."""
     from specgen.models.formats.weights import weights_identity
 
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
     ar = packed_pipeline(tiny_qwen3_deep, tmp_path / "t.gguf")
     spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
-    packed = ar.with_spec(spec).method
-    assert weights_identity(packed.net) == "packed-int8-g32"
-    monkeypatch.setenv("SPECGEN_DRAFT_WEIGHTS", "dense")
     dense = ar.with_spec(spec).method
     assert weights_identity(dense.net) == "dense-float32"
-    assert packed.cache_key != dense.cache_key
-    monkeypatch.delenv("SPECGEN_DRAFT_WEIGHTS")
+    monkeypatch.setenv("SPECGEN_DRAFT_WEIGHTS", "int8")
+    packed_pipe = ar.with_spec(spec)
+    assert weights_identity(packed_pipe.method.net) == "packed-int8-g32"
+    assert packed_pipe.method.cache_key != dense.cache_key
+    want = ar.generate("packed drafts", max_new_tokens=24, raw=True).token_ids
+    assert packed_pipe.generate("packed drafts", max_new_tokens=24, raw=True).token_ids == want
     plain = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
     assert weights_identity(plain.with_spec(spec).method.net) == "dense-float32"

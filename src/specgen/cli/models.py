@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -52,8 +51,9 @@ def models(
                     "status": _status(entry),
                 }
             )
+        pairings = _pairings()  # what is at hand now: read once per command
         for row in rows:
-            paired = _pairings().get(row["alias"], {})
+            paired = pairings.get(row["alias"], {})
             row["drafters"] += [{"method": m, "repo": r} for m, r in paired.items()]
         if json_out:
             for row in rows:
@@ -89,7 +89,6 @@ def _at_hand() -> dict[str, Path]:
     return {name: ensure_converted(p) if p.suffix == ".gguf" else p for name, p in found.items()}
 
 
-@functools.cache
 def _pairings() -> dict[str, dict[str, str]]:
     """For each model at hand, a drafter of each method that drafts with whole models
     (the draft method: the smallest model of the same vocabulary), when two or more are

@@ -246,6 +246,20 @@ def test_cli_bench_json_is_stdout_alone(tiny_llama):
     assert "…" not in table and not set("─│┃━┏┡") & set(table)
 
 
+
+def test_by_default_a_method_the_target_cannot_run_is_left_out_with_why(tiny_llama):
+    """Without --methods, bench runs AR, every method that needs no drafter, and those
+    whose drafter is at hand; a drafter-free method the target refuses (MTP: a Llama
+    target ships no MTP head) is left out with one line saying why, not the run failing."""
+    args = ["bench", "--model", str(tiny_llama), "--num-prompts", "2", "--max-new-tokens",
+            "6", "--device", "cpu", "--dtype", "float32", "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    methods = json.loads(result.stdout)["methods"]
+    assert methods[:3] == ["ar", "ngram", "suffix"] and "mtp" not in methods
+    (said,) = [line for line in result.stderr.splitlines() if line.startswith("mtp left out:")]
+    assert "no MTP layers" in said
+
 def test_cli_bench_bad_input_is_one_line(tiny_llama, tmp_path):
     result = runner.invoke(app, ["bench", "--suite", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no such suite file" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -302,12 +303,13 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
     from specgen.registry import MODELS
 
     by_kind = drafters_by_kind(drafters)
+    tried: list[str] = []  # offered by default: left out, said why, where the target refuses
     if methods is None:
         entry = MODELS.get(run.model.lower())
         known = set(entry.drafters) if entry else set()
         # AR, the methods that need no drafter, then those whose drafter is at hand
-        free = [m for m, cls in DRAFTERS.items() if not cls.needs_drafter]
-        names = [AR, *free] + [
+        tried = [m for m, cls in DRAFTERS.items() if not cls.needs_drafter]
+        names = [AR, *tried] + [
             m for m in DRAFTERS if DRAFTERS[m].needs_drafter and (m in by_kind or m in known)
         ]
     else:
@@ -317,15 +319,23 @@ def _pipelines(run: Run, methods: str | None, drafters: list[str]) -> dict:
             available = ", ".join((*METHODS, "hf"))
             raise SpecgenError(f"unknown method {unknown[0]!r}; available: {available}")
         names = [AR] + [m for m in names if m != AR]  # AR is always the baseline
+    notify = None if run.quiet else display.status
     pipes = load_methods(
-        [m for m in names if m != "hf"], run.load, settings=run.spec(), drafters=by_kind,
-        notify=None if run.quiet else display.status, measure_costs=run.measure_costs,
+        [m for m in names if m not in ("hf", *tried)], run.load, settings=run.spec(),
+        drafters=by_kind, notify=notify, measure_costs=run.measure_costs,
     )  # fmt: skip
     base = pipes[AR]  # plain AR, with the run's engine settings
+    for name in tried:  # e.g. mtp, which only targets that ship an MTP head run
+        spec = replace(run.spec(), method=name, drafter=None)
+        try:
+            pipes[name] = base.with_spec(spec, notify=notify, measure_costs=run.measure_costs)
+        except SpecgenError as e:
+            if notify:
+                notify(f"{name} left out: {e}")
     if "hf" in names:  # transformers' generate on the same checkpoint and dtype
         from specgen.bench.transformers_baseline import TransformersBaseline
 
         pipes["hf"] = TransformersBaseline(
             Path(base.source), base.model.dtype, base.model.device, base.codec.stop_ids
         )
-    return {name: pipes[name] for name in names}  # in the order asked for
+    return {name: pipes[name] for name in names if name in pipes}  # in the order asked for

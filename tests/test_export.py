@@ -175,6 +175,6 @@ def test_mtp_names_no_drafter_on_either_engine():
     assert argv[argv.index("--speculative-num-steps") + 1] == "3"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
     said = " ".join(notes("sglang", serve))
-    assert "--spec-type draft-mtp --draft-max 3" in said and "z-lab" not in said
+    assert "--spec-type draft-mtp --spec-draft-n-max 3" in said and "z-lab" not in said
     argv = shlex.split(launch_command("vllm", resolve_target("qwen3.5-4b", "mtp", None, 2)))
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2

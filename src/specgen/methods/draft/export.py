@@ -20,8 +20,9 @@ class DraftModelExport(ExportHints):
         return [
             "the draft model must share the target's tokenizer (specgen checks it; the "
             "engines check the vocabulary size only)",
-            "on llama.cpp the same pairing is: llama-server -m TARGET.gguf --model-draft "
-            f"DRAFT.gguf --draft-max {serve.block_size} (late 2026: --spec-type draft-simple)",
+            "on llama.cpp (late 2026) the same pairing is: llama-server -m TARGET.gguf "
+            f"--spec-type draft-simple --model-draft DRAFT.gguf --spec-draft-n-max "
+            f"{serve.block_size}",
         ]
 
     def block_of(self, drafter: str) -> int:

@@ -23,8 +23,9 @@ class MtpExport(ExportHints):
         k = serve.block_size
         return [
             "the MTP layers ship in the target's checkpoint (mtp.*): nothing else to download",
-            "on llama.cpp: llama-server -m TARGET.gguf --spec-type draft-mtp --draft-max "
-            f"{k} (a GGUF converted with its MTP layers, e.g. the Qwen3.5 MTP GGUFs)",
+            "on llama.cpp (late 2026): llama-server -m TARGET.gguf --spec-type draft-mtp "
+            f"--spec-draft-n-max {k} (a GGUF converted with its MTP layers, e.g. the Qwen3.5 "
+            "MTP GGUFs)",
         ]
 
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from specgen.core.draft import Draft
-from specgen.models.graphs import Replay, set_input
 from specgen.verify.sampling import probabilities
 
 if TYPE_CHECKING:
@@ -74,59 +73,3 @@ def chain(
             hidden = net.forward_static(target, token, hidden, cache, start + j)
     probs = None if dists[0] is None else torch.stack(dists, dim=1)  # [1, k, V]
     return Draft(tokens=torch.cat(tokens, dim=1), probs=probs)
-
-
-class ChainSteps:
-    """One fixed-shape chain per (k, sampling setting), built at its first use; with
-    `capture` each is a CUDA graph (its own memory pool), else it runs as it is."""
-
-    def __init__(
-        self,
-        net: Eagle3Net,
-        target: Transformer,
-        cache: StaticKVCache,
-        fused: torch.Tensor,
-        noise: torch.Tensor,  # [max drafts, V'], refilled by the drafter before a sampled chain
-        capture: bool,
-    ) -> None:
-        self.net, self.target, self.cache, self.fused, self.noise = net, target, cache, fused, noise
-        self.capture = capture
-        device = fused.device
-        self.anchor = torch.zeros(1, 1, dtype=torch.long, device=device)
-        self.start = torch.ones(1, dtype=torch.long, device=device)
-        # a graph reads the RoPE tables it was captured with: keep them alive with it
-        self._tables = (net._cos, net._sin)
-        self._steps: dict[tuple, Replay] = {}
-        cache.make_finite()  # the masked attention reads dead positions (weighted by 0)
-
-    @property
-    def replays(self) -> list[Replay]:
-        return list(self._steps.values())
-
-    def __call__(
-        self,
-        anchor: int | torch.Tensor,
-        start: int | torch.Tensor,
-        k: int,
-        params: SamplingParams | None,  # None: greedy
-    ) -> Draft:
-        """k drafts after `anchor` (a host int, or [1, 1] on the device) at `start` (a host
-        int, or [1] on the device), copied out of the graph's outputs."""
-        set_input(self.anchor, anchor)
-        set_input(self.start, start)
-        key = (k, None if params is None else (params.temperature, params.top_k, params.top_p))
-        step = self._steps.get(key)
-        if step is None:
-            pool = torch.cuda.graph_pool_handle() if self.capture else None
-            step = Replay(lambda: self._chain(k, params), pool)
-            self._steps[key] = step
-        out = step()
-        return Draft(
-            tokens=out.tokens.clone(), probs=None if out.probs is None else out.probs.clone()
-        )
-
-    def _chain(self, k: int, params: SamplingParams | None) -> Draft:
-        noise = None if params is None else self.noise
-        return chain(
-            self.net, self.target, self.cache, self.fused, self.anchor, self.start, k, params, noise
-        )

@@ -30,6 +30,7 @@ sampling keeps the target's distribution. docs/design.md says why, with measurem
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,8 +38,9 @@ import torch
 from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.core.errors import SpecgenError
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
+from specgen.drafting.chain_steps import ChainSteps
 from specgen.drafting.packing import packed_like
-from specgen.methods.eagle3.chain import ChainSteps, pick
+from specgen.methods.eagle3.chain import chain, pick
 from specgen.methods.eagle3.config import ARCHITECTURES, DEEPSPEC, DEEPSPEC_GEMMA
 from specgen.methods.eagle3.export import EXPORT
 from specgen.methods.eagle3.network import Eagle3Net, load_eagle3
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 
 
 CHAINS = "chains"  # the one key of its fixed-shape steps (ChainSteps keys its own)
+
 
 @register("eagle3")
 class Eagle3Method(DraftMethod):
@@ -129,7 +132,8 @@ class Eagle3Drafter(ResidentDrafter):
     def build_step(self, key: object, capture: bool) -> ChainSteps:
         """The fixed-shape chains (methods/eagle3/chain.py): one object keeps a chain per
         length and sampling setting, so there is one key."""
-        return ChainSteps(self.net, self.target, self.cache, self.fused, self._noise, capture)
+        fixed = partial(chain, self.net, self.target, self.cache, self.fused)
+        return ChainSteps(fixed, self.net, self.cache, self._noise, capture)
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.net.parameters(), self.cache.k, self.cache.v, self.fused]

@@ -28,6 +28,7 @@ distribution under the request's filters and hands that q to the shared verifier
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,9 +36,10 @@ import torch
 
 from specgen.core.draft import Draft, DraftOption, empty_draft
 from specgen.drafting.base import Checkpoint, DraftMethod, ResidentDrafter, register
+from specgen.drafting.chain_steps import ChainSteps
 from specgen.drafting.packing import packed_like
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.methods.mtp.chain import ChainSteps, pick
+from specgen.methods.mtp.chain import chain, pick
 from specgen.methods.mtp.export import EXPORT
 from specgen.methods.mtp.network import MtpNet
 from specgen.methods.mtp.weights import load_mtp
@@ -127,7 +129,8 @@ class MtpDrafter(ResidentDrafter):
         self.steps = StepGraphs(self.build_step, on=method.cuda_graphs)
 
     def build_step(self, key: object, capture: bool) -> ChainSteps:
-        return ChainSteps(self.net, self.target, self.cache, self.hiddens, self._noise, capture)
+        fixed = partial(chain, self.net, self.target, self.cache, self.hiddens)
+        return ChainSteps(fixed, self.net, self.cache, self._noise, capture)
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.net.parameters(), self.cache.k, self.cache.v, self.hiddens]

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = DEFAULT_ALIAS
 
-DRAFT, STACKED = "draft", "stacked"  # the methods --draft-model runs under
 # Only methods that work are offered: plain AR plus every registered drafter.
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
@@ -246,16 +245,9 @@ class Run:
         method = getattr(self.method, "value", self.method)
         drafter = self.drafter
         if self.draft_model is not None:
-            if method not in (None, DRAFT, STACKED):
-                raise SpecgenError(
-                    f"--draft-model drafts with --method {DRAFT} or {STACKED}, not {method}"
-                )
-            if drafter and method != STACKED:
-                raise SpecgenError(
-                    "--draft-model and --drafter together need --method stacked"
-                )
-            drafter = [*(drafter or []), self.draft_model]
-            method = method or DRAFT
+            from specgen.methods.draft import with_draft_model
+
+            method, drafter = with_draft_model(method, drafter, self.draft_model)
         if method == AR and self.drafter:
             # An explicit `--method ar` says "no drafter": running the drafter anyway (its
             # kind used to win) would ignore what was typed, so the two are refused together.

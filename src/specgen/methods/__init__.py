@@ -1,5 +1,6 @@
 """The drafter methods: one package each (its network where it has its own, its drafter,
-training hooks and export hints), registered in `drafting.base.DRAFTERS` when imported.
+training hooks and export hints), registered in `drafting.base.DRAFTERS` when its drafter
+module is imported.
 
 Every package here is a method, named as its package, so adding a method is adding its
 package. `METHODS` (what `--method` accepts) is read from the package names alone, so a
@@ -33,7 +34,7 @@ def registered() -> dict[str, type[DraftMethod]]:
 
     if list(DRAFTERS)[: len(NAMES)] != list(NAMES):
         for name in NAMES:
-            importlib.import_module(f"{__name__}.{name}")
+            importlib.import_module(f"{__name__}.{name}.drafter")
         others = {n: c for n, c in DRAFTERS.items() if n not in NAMES}  # registered elsewhere
         ordered = {n: DRAFTERS[n] for n in NAMES}
         DRAFTERS.clear()

@@ -1,3 +1,2 @@
-"""The dflash method: registered as `--method dflash` by importing its drafter."""
-
-from specgen.methods.dflash import drafter  # noqa: F401  (registers the method)
+"""The dflash method: its drafter module registers it as `--method dflash`
+(`specgen.methods.registered` imports it on first use)."""

@@ -1,3 +1,2 @@
-"""The dflash2 method: registered as `--method dflash2` by importing its drafter."""
-
-from specgen.methods.dflash2 import drafter  # noqa: F401  (registers the method)
+"""The dflash2 method: its drafter module registers it as `--method dflash2`
+(`specgen.methods.registered` imports it on first use)."""

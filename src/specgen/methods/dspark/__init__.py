@@ -1,3 +1,2 @@
-"""The dspark method: registered as `--method dspark` by importing its drafter."""
-
-from specgen.methods.dspark import drafter  # noqa: F401  (registers the method)
+"""The dspark method: its drafter module registers it as `--method dspark`
+(`specgen.methods.registered` imports it on first use)."""

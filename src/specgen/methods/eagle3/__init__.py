@@ -1,3 +1,2 @@
-"""The eagle3 method: registered as `--method eagle3` by importing its drafter."""
-
-from specgen.methods.eagle3 import drafter  # noqa: F401  (registers the method)
+"""The eagle3 method: its drafter module registers it as `--method eagle3`
+(`specgen.methods.registered` imports it on first use)."""

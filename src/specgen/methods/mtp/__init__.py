@@ -1,3 +1,2 @@
-"""The mtp method: registered as `--method mtp` by importing its drafter."""
-
-from specgen.methods.mtp import drafter  # noqa: F401  (registers the method)
+"""The mtp method: its drafter module registers it as `--method mtp`
+(`specgen.methods.registered` imports it on first use)."""

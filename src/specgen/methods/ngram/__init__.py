@@ -1,3 +1,2 @@
-"""The ngram method: registered as `--method ngram` by importing its drafter."""
-
-from specgen.methods.ngram import drafter  # noqa: F401  (registers the method)
+"""The ngram method: its drafter module registers it as `--method ngram`
+(`specgen.methods.registered` imports it on first use)."""

@@ -1,3 +1,2 @@
-"""The stacked method: registered as `--method stacked` by importing its drafter."""
-
-from specgen.methods.stacked import drafter  # noqa: F401  (registers the method)
+"""The stacked method: its drafter module registers it as `--method stacked`
+(`specgen.methods.registered` imports it on first use)."""

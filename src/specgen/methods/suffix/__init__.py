@@ -1,3 +1,2 @@
-"""The suffix method: registered as `--method suffix` by importing its drafter."""
-
-from specgen.methods.suffix import drafter  # noqa: F401  (registers the method)
+"""The suffix method: its drafter module registers it as `--method suffix`
+(`specgen.methods.registered` imports it on first use)."""

@@ -93,6 +93,33 @@ def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5", "q8_0"])
+def test_scales_laid_out_by_panel_give_the_bits_of_scales_transposed_per_call(
+    tiny_qwen3_deep, tmp_path, mix, monkeypatch
+):
+    """With 8-bit activations the pass hands the kernels each weight's scales panel by panel
+    (made once at load); the kernels then read them instead of transposing the file's
+    layout on every call. The same values, so the same bits, whatever the row count."""
+    monkeypatch.setenv("SPECGEN_CPU_ACT", "q8")
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
+    model = load_gguf_target(
+        tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
+    )
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 30), generator=gen)
+    splits = (5, 1, 8, 16)
+    with_panels, _ = run(model, tokens, splits, monkeypatch=monkeypatch)
+    fused = FusedPass.of(model)
+    lins = [getattr(layer, n) for layer in fused.model.layer[: fused.layer_count]
+            for n in ("qkv", "o", "gate_up", "down")] + [fused.model.head]  # fmt: skip
+    segs = [lin.segs[j] for lin in lins for j in range(lin.nsegs)]
+    assert any(seg.panels.width for seg in segs)  # the pass made them
+    for seg in segs:
+        seg.panels.width = 0  # the kernels transpose the file's layout again
+    without, _ = run(model, tokens, splits, monkeypatch=monkeypatch)
+    assert torch.equal(with_panels, without)
+
+
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5"])
 def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(
     wide_qwen2, tmp_path, mix, monkeypatch

@@ -15,6 +15,12 @@ from specgen.kernels.packed import compiled
 i32, i64, f64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 
 
+class Panels(ctypes.Structure):
+    """A packed weight's scales and minimums laid out panel by panel (packed.h)."""
+
+    _fields_ = [("scale", ptr), ("mins", ptr), ("width", i64)]
+
+
 class Seg(ctypes.Structure):
     """Rows [row0, row0 + rows) of a weight: packed (bits 4 or 8) or dense fp32 (bits 0)."""
 
@@ -28,6 +34,7 @@ class Seg(ctypes.Structure):
         ("q", ptr),
         ("scale", ptr),
         ("mins", ptr),
+        ("panels", Panels),
     ]
 
 

@@ -36,6 +36,7 @@ typedef struct {          /* rows [row0, row0 + rows) of a weight */
     int32_t half, unused; /* scales and minimums fp16 (else fp32) */
     const void *q;
     const void *scale, *mins; /* mins NULL for symmetric formats */
+    Panels panels;            /* the same scales and mins panel by panel (width 0: none) */
 } Seg;
 
 typedef struct {
@@ -177,7 +178,7 @@ static int lin_columns(const Lin *w, const float *x, const Q8Rows *xq, int64_t M
         }
         if (xq) {
             if (q8_columns(xq, g->q, g->bits, g->scale, g->mins, g->half, g->group,
-                           lo - g->row0, hi - g->row0, y + g->row0, ldy, 0))
+                           lo - g->row0, hi - g->row0, y + g->row0, ldy, &g->panels, 0))
                 return -1;
             continue;
         }

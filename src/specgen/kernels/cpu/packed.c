@@ -63,7 +63,7 @@ int packed_linear(const float *x, int64_t M, int64_t K, const void *w, int bits,
         int64_t a = t0 * unit, b = t1 * unit < N ? t1 * unit : N, bad = 0;
         if (t0 < t1)
             bad = act != ACT_F32
-                      ? q8_columns(&q8, w, bits, scale, mins, half, group, a, b, y, N,
+                      ? q8_columns(&q8, w, bits, scale, mins, half, group, a, b, y, N, NULL,
                                    act == ACT_Q8_PORTABLE)
                       : packed_columns(x, M, K, w, bits, scale, mins, half, group, xs, a, b, y,
                                        N, direct_rows);

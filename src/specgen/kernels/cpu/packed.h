@@ -82,20 +82,31 @@ int64_t q8_bytes(int64_t M, int64_t K);
 /* q8_quantize into `buf` (q8_bytes of it), described by *rows */
 void q8_rows(const float *x, int64_t M, int64_t K, void *buf, Q8Rows *rows);
 
+/* A weight's scales and minimums again, laid out panel by panel: [ceil(N / width), G, width]
+ * (a last panel of fewer columns repeats its last), as a kernel of that width reads them. A
+ * kernel otherwise transposes a panel's [width, G] scales on every call, which was a sixth of
+ * a decode step; with these it reads them in one sweep. The same values: the same bits. */
+typedef struct {
+    const void *scale, *mins; /* the dtype of the weight's own tables (fp16 with `half`) */
+    int64_t width;            /* 0: none */
+} Panels;
+
 /* columns [n0, n1) of y = x W^T from quantized rows, on the calling thread; -1: out of
  * memory. The build's widest kernel (q8x16_columns, q8x8_columns), or the portable one
- * (always it with `reference`: the same bits, which tests check) */
+ * (always it with `reference`: the same bits, which tests check); `panels` (or NULL) is
+ * read by a kernel of its width when n0 starts a panel */
 int q8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, const void *mins,
                int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy,
-               int reference);
+               const Panels *panels, int reference);
 
 /* the kernels q8_columns runs: 16 lanes (AVX-512), 8 (AVX2); each takes a panel of as many
  * columns at a time, its scales and minimums as fp32 [G, panel] (q8_panel_scales) */
 int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
                   const void *mins, int half, int64_t group, int64_t n0, int64_t n1, float *y,
-                  int64_t ldy);
+                  int64_t ldy, const Panels *panels);
 int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, const void *mins,
-                 int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy);
+                 int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy,
+                 const Panels *panels);
 /* X[r, g] of the rows for groups of `group` columns ([M, K/group]) */
 void q8_group_sums(const Q8Rows *x, int64_t group, float *X);
 /* a panel's scales (or minimums) as fp32 [G, P], columns past `cols` repeating the last */

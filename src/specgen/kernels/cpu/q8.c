@@ -199,13 +199,14 @@ static int portable(const Q8Rows *x, const void *w, int bits, const void *scale,
 
 int q8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, const void *mins,
                int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy,
-               int reference) {
+               const Panels *panels, int reference) {
+    (void)panels; /* (the portable kernel transposes its own) */
     if (n0 >= n1) return 0;
     if (reference) return portable(x, w, bits, scale, mins, half, group, n0, n1, y, ldy);
 #if defined(WIDE)
-    return q8x16_columns(x, w, bits, scale, mins, half, group, n0, n1, y, ldy);
+    return q8x16_columns(x, w, bits, scale, mins, half, group, n0, n1, y, ldy, panels);
 #elif defined(SIMD8)
-    return q8x8_columns(x, w, bits, scale, mins, half, group, n0, n1, y, ldy);
+    return q8x8_columns(x, w, bits, scale, mins, half, group, n0, n1, y, ldy, panels);
 #else
     return portable(x, w, bits, scale, mins, half, group, n0, n1, y, ldy);
 #endif

@@ -166,6 +166,16 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
     }
 }
 
+/* panel `at`'s scales (or minimums) from a panel-major table (packed.h's Panels) */
+static void panel_copy(const void *table, int half, int64_t at, int64_t G, float *out) {
+    if (!half) {
+        memcpy(out, (const float *)table + at * G * P, sizeof(float) * G * P);
+        return;
+    }
+    const uint16_t *t = (const uint16_t *)table + at * G * P;
+    for (int64_t g = 0; g < G; g++) _mm256_storeu_ps(out + g * P, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + g * P))));
+}
+
 /* R rows against one panel (see q8x16.c's KERNEL) */
 #define KERNEL(NAME, R, BITS)                                                                  \
     static void NAME(const Q8Rows *x, int64_t r0, const uint8_t *const *p,                     \
@@ -228,7 +238,8 @@ static const Kernel BY[2][RB] = {{rows1_8, rows2_8, rows3_8, rows4_8},
                                  {rows1_4, rows2_4, rows3_4, rows4_4}};
 
 int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, const void *mins,
-                 int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+                 int half, int64_t group, int64_t n0, int64_t n1, float *y, int64_t ldy,
+                 const Panels *panels) {
     int64_t K = x->K, G = K / group, row = bits == 4 ? K / 2 : K, nb = K / 32;
     float *buf = malloc(sizeof(float) * (2 * P * G + x->M * G));
     __m256i *stage = x->M > DIRECT ? _mm_malloc(sizeof(__m256i) * 8 * nb, 32) : NULL;
@@ -239,12 +250,18 @@ int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, co
     }
     float *s = buf, *m = mins ? buf + P * G : NULL, *X = mins ? buf + 2 * P * G : NULL;
     if (mins) q8_group_sums(x, group, X);
+    if (panels && (panels->width != P || n0 % P)) panels = NULL;
     for (int64_t c0 = n0; c0 < n1; c0 += P) {
         int cols = n1 - c0 < P ? (int)(n1 - c0) : P;
         const uint8_t *p[P]; /* a last panel of fewer columns repeats its last (not stored) */
         for (int c = 0; c < P; c++) p[c] = (const uint8_t *)w + (c0 + (c < cols ? c : cols - 1)) * row;
-        panel_scales(scale, half, c0, cols, G, s);
-        if (mins) panel_scales(mins, half, c0, cols, G, m);
+        if (panels) {
+            panel_copy(panels->scale, half, c0 / P, G, s);
+            if (mins) panel_copy(panels->mins, half, c0 / P, G, m);
+        } else {
+            panel_scales(scale, half, c0, cols, G, s);
+            if (mins) panel_scales(mins, half, c0, cols, G, m);
+        }
         if (stage)
             for (int64_t b = 0; b < nb; b++) {
                 __m256i z[8];

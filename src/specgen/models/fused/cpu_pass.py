@@ -24,12 +24,13 @@ from specgen.kernels.decoder_cpu import (
     Layer,
     Lin,
     Model,
+    Panels,
     Seg,
     Seq,
     decoder_forward,
     decoder_forward_many,
 )
-from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations
+from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations, kernel_lanes
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.family import family_of
 from specgen.models.formats import weights as weights_module
@@ -66,6 +67,7 @@ class FusedPass:
     def __init__(self, model) -> None:
         a = model.args
         self.keep: list = []  # every ctypes array and tensor the description points into
+        self.model_act = ACTIVATIONS[activations()]
         layers = (Layer * a.num_layers)()
         for i, layer in enumerate(model.layers):
             layers[i] = Layer(
@@ -88,7 +90,7 @@ class FusedPass:
             inter=a.intermediate_size,
             vocab=a.vocab_size,
             direct_rows=DIRECT_ROWS,
-            act=ACTIVATIONS[activations()],
+            act=self.model_act,
             eps=a.rms_norm_eps,
             attn_scale=1.0 / math.sqrt(a.head_dim),
             layer=layers,
@@ -123,11 +125,21 @@ class FusedPass:
                     q=self._ptr(seg.q),
                     scale=self._ptr(seg.scale),
                     mins=self._ptr(seg.mins),
+                    panels=self._panels(seg),
                 )
             else:  # a dense fp32 segment
                 segs[j] = Seg(row0=start, rows=seg.shape[0], bits=0, group=0, q=self._ptr(seg.w))
         self.keep.append(segs)
         return Lin(segs=segs, nsegs=len(segs), bias=self._ptr(bias), N=w.shape[0], K=w.shape[1])
+
+    def _panels(self, seg: PackedMatrix) -> Panels:
+        """The 8-bit-activation kernel's view of the scales, made once here rather than
+        transposed in every call (packed.h's Panels); none for fp32 activations."""
+        width = kernel_lanes()
+        if self.model_act == ACTIVATIONS["fp32"] or width < 2:
+            return Panels(width=0)
+        mins = None if seg.mins is None else panel_major(seg.mins, width)
+        return Panels(self._ptr(panel_major(seg.scale, width)), self._ptr(mins), width)
 
     # running ---------------------------------------------------------------------------
     def run(
@@ -238,6 +250,14 @@ class FusedPass:
         made = FusedPass(model) if key[1] and runnable(model) else None
         model.__dict__["_fused"] = (key, made)
         return made
+
+
+def panel_major(table: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, G] -> [ceil(N / width), G, width], a last panel of fewer rows repeating its last."""
+    pad = -table.shape[0] % width
+    if pad:
+        table = torch.cat([table, table[-1:].expand(pad, -1)])
+    return table.reshape(-1, width, table.shape[1]).transpose(1, 2).contiguous()
 
 
 def cache_fits(model, cache, batch: int, pad) -> bool:

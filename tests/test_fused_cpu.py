@@ -32,12 +32,23 @@ def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
     return torch.cat(logits, 1), {i: torch.cat(t, 1) for i, t in tapped.items()}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide"])
+@pytest.fixture(scope="module")
+def narrow_llama(tmp_path_factory):
+    """Heads narrower than the model (2 x 16 < 64): the attention output's rows are not
+    the hidden size's."""
+    from support.targets import save_tiny
+
+    path = tmp_path_factory.mktemp("narrow-llama")
+    save_tiny(path, "llama", seed=6, num_attention_heads=2, num_key_value_heads=1)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "wide", "narrow"])
 @pytest.mark.parametrize("mix", list(LLAMA_MIXES))
-def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, tmp_path, family, mix,
-                                                 monkeypatch):  # fmt: skip
+def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, narrow_llama, tmp_path,
+                                                 family, mix, monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself (q8: below)
-    hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
+    hf = {"wide": wide_qwen2, "narrow": narrow_llama}.get(family) or tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
     exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")  # the file's model

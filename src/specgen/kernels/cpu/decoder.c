@@ -140,9 +140,33 @@ static float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* out = w * x / sqrt(mean(x^2) + eps) */
+/* out = w * x / sqrt(mean(x^2) + eps); the squares summed in double, in a fixed order
+ * (8 lanes' partial sums when n is whole vectors: one chain of n additions waited on each
+ * one's latency, a tenth of a prefill with every thread norming every row) */
 static void rms_norm(const float *x, const float *w, int64_t n, double eps, float *out) {
     double ss = 0.0;
+#ifdef SIMD
+    if (n % 8 == 0) {
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+            __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+            lo = _mm256_fmadd_pd(a, a, lo); /* a float's square is exact in double */
+            hi = _mm256_fmadd_pd(b, b, hi);
+        }
+        double l[4], h[4];
+        _mm256_storeu_pd(l, lo);
+        _mm256_storeu_pd(h, hi);
+        ss = ((l[0] + l[2]) + (l[1] + l[3])) + ((h[0] + h[2]) + (h[1] + h[3]));
+        float r = (float)(1.0 / sqrt(ss / (double)n + eps));
+        __m256 rv = _mm256_set1_ps(r);
+        for (int64_t i = 0; i < n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i),
+                                                    _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float r = (float)(1.0 / sqrt(ss / (double)n + eps));
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
@@ -351,6 +375,39 @@ static void gate(float *row, int64_t I, int64_t a, int64_t b) {
 #endif
 }
 
+/* ---- a product's input rows ---------------------------------------------------------- */
+#define SHARED_ROWS 16 /* rows from which the threads quantize an input between them */
+typedef struct {
+    int shared;          /* the threads share the quantized rows (then meet) */
+    Barrier *bar;
+    int *sense;
+    int id, nt;
+    double eps;
+    void *buf;           /* the quantized rows' buffer: the pass's one, or this thread's */
+    Q8Rows *rows;        /* NULL: the products take fp32 rows (h) */
+} Input;
+
+/* rows [0, T) of src (stride apart; K wide) as a product's input: normed by w into h when w
+ * is given, then with 8-bit activations quantized into in->rows. Each row's bits are the
+ * same either way; who computes them differs: with few rows (a decode step, a verify block)
+ * every thread does all of them itself, cheaper than meeting; with many (a prefill) each
+ * does its share into the pass's buffer and they meet before the product reads them. */
+static void input(const Input *in, const float *src, int64_t stride, const float *w, int64_t T,
+                  int64_t K, float *h) {
+    int64_t a = 0, b = T;
+    if (in->shared) share(T, 1, in->id, in->nt, &a, &b);
+    if (in->rows) q8_layout(T, K, in->buf, in->rows);
+    for (int64_t t = a; t < b; t++) {
+        const float *row = src + t * stride;
+        if (w) {
+            rms_norm(row, w, K, in->eps, h + t * K);
+            row = h + t * K;
+        }
+        if (in->rows) q8_row(row, t, in->rows);
+    }
+    if (in->shared) barrier_wait(in->bar, in->sense);
+}
+
 /* ---- the pass ------------------------------------------------------------------------ */
 /* One answer's part of a shared pass: its rows [row0, row0 + rows) of the pass, at its
  * positions [start, start + rows) of its own cache (k, v: [layers, kv_heads, capacity,
@@ -387,12 +444,15 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
      * buffer (the same rows on every thread: cheaper than a barrier to share them) */
     const int q8 = m->act != ACT_F32;
     const int64_t qown = q8 ? (q8_bytes(T, natt > widest ? natt : widest) + 63) / 64 * 64 : 0;
+    /* with rows enough, the threads quantize a product's input once between them, each its
+     * share of the rows into one buffer, and meet before the product (see `input`) */
+    const int shared_q = q8 && nthreads > 1 && T >= SHARED_ROWS;
     /* share units: columns of the 8-bit products go by whole panels of 16 */
     const int64_t unit = q8 ? 16 : 4;
     float *x = malloc(sizeof(float) * T * H), *qkv = malloc(sizeof(float) * T * nqkv);
     float *att = malloc(sizeof(float) * T * natt), *act = malloc(sizeof(float) * T * 2 * I);
     float *mine = malloc(sizeof(float) * own * nthreads);
-    uint8_t *qmine = q8 ? malloc(qown * nthreads) : NULL;
+    uint8_t *qmine = q8 ? malloc(qown * (shared_q ? 1 : nthreads)) : NULL;
     /* each row's answer and position; the rows the head reads */
     int64_t *seq_of = malloc(sizeof(int64_t) * (T + 1)), *pos = malloc(sizeof(int64_t) * (T + 1));
     int64_t *heads = malloc(sizeof(int64_t) * (L + 1));
@@ -412,14 +472,13 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
             bar.n = nt;
             float *h = mine + id * own, *xs = h + T * widest, *scores = xs + T * (widest / 16 + 1);
             Q8Rows rows, *xq = q8 ? &rows : NULL;
-            void *qbuf = q8 ? qmine + id * qown : NULL;
+            void *qbuf = q8 ? qmine + (shared_q ? 0 : id * qown) : NULL;
+            Input in = {shared_q, &bar, &sense, id, nt, m->eps, qbuf, xq};
             for (int64_t l = 0; l < m->layers; l++) {
                 const Layer *Ly = &m->layer[l];
                 int64_t a, b;
                 /* q/k/v */
-                for (int64_t t = 0; t < T; t++)
-                    rms_norm(x + t * H, Ly->attn_norm, H, m->eps, h + t * H);
-                if (q8) q8_rows(h, T, H, qbuf, xq);
+                input(&in, x, H, Ly->attn_norm, T, H, h);
                 share(nqkv, unit, id, nt, &a, &b);
                 bad |= lin_columns(&Ly->qkv, h, xq, T, a, b, qkv, nqkv, m->direct_rows, xs);
                 barrier_wait(&bar, &sense);
@@ -450,20 +509,18 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                     const float *kc = q->k + l * nkv * cap * d, *vc = q->v + l * nkv * cap * d;
                     attend(qkv + t * nqkv + hq * d, kc + (hq / rep) * cap * d,
                            vc + (hq / rep) * cap * d, p + 1, d, (float)m->attn_scale, scores,
-                           att + t * natt + hq * d);
+                           att + t * nq * d + hq * d); /* rows of nq * d: the o product's K */
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */
-                if (q8) q8_rows(att, T, Ly->o.K, qbuf, xq);
+                if (q8) input(&in, att, Ly->o.K, NULL, T, Ly->o.K, NULL);
                 share(H, unit, id, nt, &a, &b);
                 bad |= lin_columns(&Ly->o, att, xq, T, a, b, act, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += act[t * H + n];
                 barrier_wait(&bar, &sense);
                 /* the MLP: gate and up columns of the same channels in one share */
-                for (int64_t t = 0; t < T; t++)
-                    rms_norm(x + t * H, Ly->ffn_norm, H, m->eps, h + t * H);
-                if (q8) q8_rows(h, T, H, qbuf, xq);
+                input(&in, x, H, Ly->ffn_norm, T, H, h);
                 share(I, unit, id, nt, &a, &b);
                 bad |= lin_columns(&Ly->gate_up, h, xq, T, a, b, act, 2 * I, m->direct_rows, xs);
                 bad |= lin_columns(&Ly->gate_up, h, xq, T, I + a, I + b, act, 2 * I,
@@ -472,8 +529,10 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                 barrier_wait(&bar, &sense);
                 /* down, and the residual */
                 share(H, unit, id, nt, &a, &b);
-                for (int64_t t = 0; t < T; t++) memcpy(h + t * I, act + t * 2 * I, sizeof(float) * I);
-                if (q8) q8_rows(h, T, I, qbuf, xq);
+                if (q8)
+                    input(&in, act, 2 * I, NULL, T, I, NULL); /* the gated half of each row */
+                else
+                    for (int64_t t = 0; t < T; t++) memcpy(h + t * I, act + t * 2 * I, sizeof(float) * I);
                 bad |= lin_columns(&Ly->down, h, xq, T, a, b, att, H, m->direct_rows, xs);
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t n = a; n < b; n++) x[t * H + n] += att[t * H + n];
@@ -485,9 +544,14 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                 barrier_wait(&bar, &sense);
             }
             /* the final norm and the head, for each answer's last num_logits rows */
-            int64_t a, b;
-            for (int64_t j = 0; j < L; j++) rms_norm(x + heads[j] * H, m->norm, H, m->eps, h + j * H);
-            if (q8) q8_rows(h, L, H, qbuf, xq);
+            int64_t a = 0, b = L;
+            if (in.shared) share(L, 1, id, nt, &a, &b);
+            if (q8) q8_layout(L, H, qbuf, xq);
+            for (int64_t j = a; j < b; j++) {
+                rms_norm(x + heads[j] * H, m->norm, H, m->eps, h + j * H);
+                if (q8) q8_row(h + j * H, j, xq);
+            }
+            if (in.shared) barrier_wait(&bar, &sense);
             share(m->vocab, unit, id, nt, &a, &b);
             bad |= lin_columns(&m->head, h, xq, L, a, b, logits, m->vocab, m->direct_rows, xs);
             if (bad) {

@@ -81,6 +81,10 @@ void q8_quantize(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int3
 int64_t q8_bytes(int64_t M, int64_t K);
 /* q8_quantize into `buf` (q8_bytes of it), described by *rows */
 void q8_rows(const float *x, int64_t M, int64_t K, void *buf, Q8Rows *rows);
+/* where q8_rows puts M rows of K in `buf`, without quantizing anything */
+void q8_layout(int64_t M, int64_t K, void *buf, Q8Rows *rows);
+/* row r of a layout, quantized from x[0..K) (the rows' owner may fill them in any order) */
+void q8_row(const float *x, int64_t r, const Q8Rows *rows);
 
 /* A weight's scales and minimums again, laid out panel by panel: [ceil(N / width), G, width]
  * (a last panel of fewer columns repeats its last), as a kernel of that width reads them. A

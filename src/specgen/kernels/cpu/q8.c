@@ -90,13 +90,21 @@ int64_t q8_bytes(int64_t M, int64_t K) {
     return up64(M * K) + up64(4 * M * (K / 32)) + up64(4 * M * (K / 16));
 }
 
-void q8_rows(const float *x, int64_t M, int64_t K, void *buf, Q8Rows *rows) {
+void q8_layout(int64_t M, int64_t K, void *buf, Q8Rows *rows) {
     uint8_t *at = buf;
-    int8_t *q = (int8_t *)at;
-    float *d = (float *)(at + up64(M * K));
-    int32_t *sums = (int32_t *)(at + up64(M * K) + up64(4 * M * (K / 32)));
-    q8_quantize(x, M, K, q, d, sums);
-    *rows = (Q8Rows){q, d, sums, M, K};
+    *rows = (Q8Rows){(int8_t *)at, (float *)(at + up64(M * K)),
+                     (int32_t *)(at + up64(M * K) + up64(4 * M * (K / 32))), M, K};
+}
+
+void q8_rows(const float *x, int64_t M, int64_t K, void *buf, Q8Rows *rows) {
+    q8_layout(M, K, buf, rows);
+    q8_quantize(x, M, K, (int8_t *)rows->q, (float *)rows->d, (int32_t *)rows->sums);
+}
+
+void q8_row(const float *x, int64_t r, const Q8Rows *rows) {
+    int64_t K = rows->K;
+    q8_quantize(x, 1, K, (int8_t *)rows->q + r * K, (float *)rows->d + r * (K / 32),
+                (int32_t *)rows->sums + r * (K / 16));
 }
 
 void q8_group_sums(const Q8Rows *x, int64_t group, float *X) {

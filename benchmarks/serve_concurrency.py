@@ -8,9 +8,12 @@ One specgen server (`--parallel` = the most clients, every method loaded on the 
 target) and, with --llama-server, llama.cpp's server on the embedded default's GGUF (or
 --gguf) with `--parallel 4` (the issue's comparison; --llama-parallel). Each
 configuration (method, clients) runs in turn, round after round (--rounds), so all see
-the same machine load: each client sends --requests chat requests one after another,
-greedy, `ignore_eos` with `max_tokens` --max-tokens (every answer the same length, so
-the work is the same whatever the engine says), streamed. Reported per configuration:
+the same machine load: each client sends --requests chat requests one after another
+(by default every prompt of the sample once, client c starting at prompt c, so every
+client count gives each client the same work: the sample's prompts run from 40 to 700
+tokens, and a client count whose clients drew the long ones would look slower), greedy,
+`ignore_eos` with `max_tokens` --max-tokens (every answer the same length, so the work is
+the same whatever the engine says), streamed. Reported per configuration:
 aggregate tokens/s (every answer's tokens / the wall time of the whole run), fastest and
 median over rounds, as a ratio to one client of the same method and, at the clients
 llama-server has slots for, to it; the mean time to first token. Every specgen greedy
@@ -123,8 +126,8 @@ def run(url: str, method: str | None, clients: int, requests: int, max_tokens: i
     errors: list[str] = []
 
     def client(c: int) -> None:
-        for k in range(requests):
-            prompt = texts[(offset + c * requests + k) % len(texts)]
+        for k in range(requests):  # every client the same prompts, each from its own place
+            prompt = texts[(offset + c + k) % len(texts)]
             try:
                 answers[c].append((prompt, ask(url, prompt, max_tokens, method)))
             except Exception as e:  # counted, never hidden
@@ -181,7 +184,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--methods", default="ar,ngram", help="specgen methods (ar: speculation off)")
     ap.add_argument("--clients", default="1,2,4,8")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per run")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per client per run (0: each sample prompt once)")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--long-tokens", type=int, default=192)
     ap.add_argument("--rounds", type=int, default=2)
@@ -194,6 +198,7 @@ def main() -> None:
     clients = [int(c) for c in args.clients.split(",")]
     methods = args.methods.split(",")
     texts = prompts(SAMPLE)
+    args.requests = args.requests or len(texts)
     threads = ["--threads", str(args.threads)] if args.threads else []
     print(f"load average at start: {load()}", flush=True)
     servers = {"specgen": Served([sys.executable, "-m", "specgen", "serve", "--model", args.model,
@@ -210,7 +215,8 @@ def main() -> None:
         servers["llama-server"] = Served(cmd, url=f"http://127.0.0.1:{port}")
         configs += [("llama-server", None, c) for c in clients if c <= args.llama_parallel]
     results: dict[tuple, list[dict]] = {key: [] for key in configs}
-    used = [texts[i % len(texts)] for i in range(max(clients) * args.requests)]
+    used = list(dict.fromkeys(texts[i % len(texts)]
+                              for i in range(max(clients) + args.requests)))  # fmt: skip
     try:
         # every prompt's answer alone, per method: what each answer at once is held to
         alone = {m: {p: ask(servers["specgen"].url, p, args.max_tokens, m)["text"] for p in used}

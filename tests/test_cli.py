@@ -27,7 +27,11 @@ def test_cuda_graph_flag_is_accepted_and_changes_nothing_on_the_cpu(tiny_llama, 
 
     seen = []
     load = Run.load
-    monkeypatch.setattr(Run, "load", lambda self, spec=None: seen.append(spec) or load(self, spec))
+    def recording(self, spec=None, **kw):
+        seen.append(spec)
+        return load(self, spec, **kw)
+
+    monkeypatch.setattr(Run, "load", recording)
     outputs = []
     for flag in ("--cuda-graphs", "--no-cuda-graphs"):
         args = ("generate", "The quick brown fox", "--model", str(tiny_llama), "--json", flag)

@@ -96,9 +96,10 @@ def test_where_the_load_went_is_one_line_of_its_phases():
 def test_the_second_run_of_the_default_model_builds_nothing_and_imports_no_transformers(
     tmp_path, embedded_gguf
 ):
-    """The first run converts the GGUF's config and tokenizer, caches the tokenizer and
-    builds the CPU kernels (where pip did not), each said once with its duration; the second
-    run says none of it, never imports transformers, and answers the same."""
+    """The first run converts the GGUF's config and tokenizer, caches the tokenizer, builds
+    the CPU kernels (where pip did not) and writes the fast-start image, each said once with
+    its duration; the second run says none of it, starts from the image without importing
+    torch or transformers (api/quick.py), and answers the same."""
     env = {"SPECGEN_HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"),
            "TRITON_INTERPRET": "0"}  # as a user runs it, not as the tests' kernels do  # fmt: skip
     args = ("generate", "Hi", "-n", "6", "--debug")
@@ -111,12 +112,13 @@ def test_the_second_run_of_the_default_model_builds_nothing_and_imports_no_trans
 
     installed = cpu_build.prebuilt(cpu_build.candidates("native")[0]) is not None
     assert any("CPU kernels" in line for line in built) != installed, first.stderr
+    assert any("fast-start image" in line for line in built), first.stderr
     assert all(" s, once (cached in " in line for line in built), built
     second = run_cli(*args, env=env)
     assert second.returncode == 0, second.stderr
     assert not [line for line in second.stderr.splitlines() if line.startswith("built ")]
     assert "loaded in " in second.stderr and "tokenizer" in second.stderr  # --debug's line
-    assert not {"transformers", "triton", "huggingface_hub"} & set(imported(second))
+    assert not {"torch", "transformers", "triton", "huggingface_hub"} & set(imported(second))
     answer = lambda done: done.stdout.strip().splitlines()[:-1]  # noqa: E731
     assert answer(first) == answer(second) and answer(first)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specgen.api.spec import load_method
-from specgen.core.config import SpecConfig
+from specgen.core.config import DEFAULT_CONTEXT, SpecConfig
 from specgen.core.device import resolve_device, resolve_dtype
 from specgen.core.errors import CheckpointError, OptionError, SpecgenError
 from specgen.core.timings import phase
@@ -26,8 +26,6 @@ from specgen.models.loading import load_target as load_model
 from specgen.models.transformer import Transformer
 from specgen.scheduling.cost import CostTable
 from specgen.text.codec import TextCodec
-
-DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def generate(
             raise SpecgenError("--trace adds a per-step record to the --json output: add --json")
         sampling = run.sampling()
         prompts = _collect_prompts(prompt, prompt_file)
-        pipe = run.load(run.spec(trace=trace))
+        pipe = run.load(run.spec(trace=trace), quick=True)
         answer = _Answerer(pipe, sampling, run.max_new_tokens, json_out, run.quiet, run.show_drafts)
         failures = 0
         for p in prompts:  # one bad line or prompt in a file must not lose the others
@@ -183,7 +183,7 @@ class _Answerer:
         if stats is None:  # interrupted before the first token
             record = {"prompt": prompt, "text": text, "token_ids": tokens, "stats": None}
         else:
-            from specgen.api.pipeline import Completion
+            from specgen.api.chunks import Completion
 
             record = Completion(prompt, text, tokens, stats).to_dict()
         if turn is not None:

@@ -281,9 +281,11 @@ class Run:
             repetition_penalty=self.repetition_penalty,
         )  # fmt: skip
 
-    def load(self, spec: SpecConfig | None = None) -> Pipeline:
+    def load(self, spec: SpecConfig | None = None, *, quick: bool = False) -> Pipeline:
         """The target (and drafter) these options name, reporting slow one-off work (and,
-        with --debug, where the load's time went)."""
+        with --debug, where the load's time went). `quick`: a greedy AR answer may come
+        from the fast start (api/quick.py) when an image of the model is there; a full
+        load that could have used one writes it."""
         import time
 
         from specgen.cli.common import quiet_libraries
@@ -293,12 +295,21 @@ class Run:
         start = time.perf_counter()
         quiet_libraries()
         once.listen(None if self.quiet else display.status)  # what a first run builds
+        spec = spec or self.spec()
+        quick = quick and self._quick_options(spec)
         with timings.recording() as phases:
-            if Path(self.model).expanduser().exists():  # a local file: read (and refused) first
+            resolved = None
+            if quick or Path(self.model).expanduser().exists():  # a local file: read first
                 from specgen.hub import resolve_model
 
                 with timings.phase("file checked"):
-                    resolve_model(self.model, notify=None if self.quiet else display.status)
+                    resolved = resolve_model(self.model, notify=self._notify())
+            if quick and resolved is not None and resolved.gguf is not None:
+                fast = self._open_quick(resolved)
+                if fast is not None:
+                    if self.debug:
+                        display.status(timings.report(phases, time.perf_counter() - start))
+                    return fast  # type: ignore[return-value]  (Pipeline's part generate uses)
             with timings.phase("imports"):  # torch and the engine: the first thing that needs them
                 from specgen.api.pipeline import Pipeline
             if self.threads is not None:
@@ -314,10 +325,12 @@ class Run:
                 context=self.context,
                 quantize=self.quantize,
                 dequantize=self.dequantize,
-                spec=spec or self.spec(),
+                spec=spec,
                 notify=None if self.quiet else display.status,
                 measure_costs=self.measure_costs,
             )
+        if quick and resolved is not None and resolved.gguf is not None:
+            self._write_quick(pipe, resolved.gguf)
         if self.debug:
             display.status(timings.report(phases, time.perf_counter() - start))
         if self.think is not None and pipe.method is not None and pipe.thinking is not None:
@@ -328,6 +341,45 @@ class Run:
                     f"--{'' if self.think else 'no-'}think will lower their acceptance"
                 )
         return pipe
+
+
+    # the fast start (api/quick.py) ------------------------------------------------------
+    def _notify(self):
+        from specgen.terminal import display
+
+        return None if self.quiet else display.status
+
+    def _quick_options(self, spec: SpecConfig) -> bool:
+        from specgen.api.quick import wants_quick
+
+        return spec == SpecConfig(method=AR) and wants_quick(
+            method=spec.method, drafter=spec.drafter, sampling=self.sampling(),
+            device=self.device, dtype=self.dtype, quantize=self.quantize,
+            dequantize=self.dequantize,
+        )  # fmt: skip
+
+    def _open_quick(self, resolved):
+        from specgen.api.quick import open_quick
+        from specgen.registry import MODELS
+
+        if self.threads is not None and self.threads < 1:
+            raise SpecgenError(f"--threads must be at least 1 (got {self.threads})")
+        entry = MODELS.get(resolved.name)
+        return open_quick(resolved, self.context, self.threads, entry.thinking if entry else None)
+
+    def _write_quick(self, pipe, gguf: Path) -> None:
+        """The image the next run starts from (announced once, with its size)."""
+        import time
+
+        from specgen.api.quick import write_image
+        from specgen.core.once import built
+
+        began = time.perf_counter()
+        written = write_image(pipe.model, gguf)
+        if written is not None:
+            path, size = written
+            built(f"a fast-start image of {pipe.name} ({size / 2**20:.0f} MiB)",
+                  time.perf_counter() - began, path.parent)  # fmt: skip
 
 
 def _options() -> dict[str, Any]:

@@ -22,6 +22,7 @@ ENGINES = ("auto", "overlap", "sync")  # see engine/overlap.py and engine/loop.p
 
 # The answer length when a caller names none: the library's, the CLI's and the server's.
 DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_CONTEXT = 8192  # positions the KV cache is sized for unless --context says more
 # The sampling bounds, one rule for every caller (CLI flags, server request fields);
 # temperature stops at OpenAI's 2, where sampling is close to uniform anyway.
 MAX_TEMPERATURE = 2.0

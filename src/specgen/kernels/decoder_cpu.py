@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from specgen.kernels.packed import compiled
+from specgen.kernels.library import compiled
 
 i32, i64, f64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 

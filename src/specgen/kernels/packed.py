@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import cpu_build
+from specgen.kernels.library import (  # noqa: F401  (the names callers import from here)
+    ACTIVATIONS,
+    DEFAULT_ACTIVATIONS,
+    Q8_PORTABLE,
+    _loaded,
+    activations,
+    compiled,
+    isa,
+    kernel_isa,
+    kernel_lanes,
+)
 
 # below this many multiply-adds one thread does the product: waking OpenMP's second thread
 # (which sleeps after a few thousand spins, see specgen/__init__) costs more than it saves
@@ -29,38 +37,11 @@ MIN_PARALLEL_WORK = 1 << 18
 # up to this many rows (decode steps, verify blocks) each column is unpacked into registers
 # and used at once; more rows (prefill) go through scratch: benchmarks/packed_kernel_rows.py
 DIRECT_ROWS = 16
-# SPECGEN_CPU_ACT: what the CPU products multiply the packed weights with (decoder.c's too)
-ACTIVATIONS = {"fp32": 0, "q8": 1}
-DEFAULT_ACTIVATIONS = "q8"  # faster at every row count, as close to the file as llama.cpp
-Q8_PORTABLE = 2  # q8 on the portable kernel in any build: tests hold the vector ones to it
 
 
 def packed_linear_torch(x: torch.Tensor, m) -> torch.Tensor:
     """The reference: the dequantized matrix, multiplied as a dense one."""
     return F.linear(x, m.dequantize(dtype=x.dtype))
-
-
-def isa() -> str:
-    return os.environ.get("SPECGEN_CPU_ISA", "native").lower()
-
-
-@functools.cache
-def compiled() -> ctypes.CDLL | None:
-    """The CPU library, or None (none built and none can be: noticed once)."""
-    return _loaded()[0]
-
-
-@functools.cache
-def _loaded() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("SPECGEN_PACKED_CPU", "").lower() == "torch":
-        return None, ""
-    try:
-        lib, variant = cpu_build.load(isa())
-    except OSError as e:
-        print(f"specgen: packed weights run slowly: no CPU kernels ({e})", file=sys.stderr)
-        return None, ""
-    lib.packed_isa.restype = ctypes.c_char_p
-    return lib, variant.name
 
 
 @functools.cache
@@ -75,29 +56,6 @@ def cpu_library():
     f.argtypes = [p, i64, i64, p, c_int, p, p, c_int, i64, i64, p, p, c_int, i64, c_int]
     f.restype = ctypes.c_int
     return f
-
-
-def kernel_lanes() -> int:
-    """The vector width the compiled products use: 16 (AVX-512), 8 (AVX2) or 1 (portable C);
-    0 without a compiled library."""
-    lib = compiled()
-    return 0 if lib is None else lib.packed_lanes()
-
-
-def kernel_isa() -> str:
-    """Which library runs and what it was built for, "avx512vnni (avx512+vnni)"; "" without
-    one."""
-    lib, variant = _loaded()
-    return "" if lib is None else f"{variant} ({lib.packed_isa().decode()})"
-
-
-def activations() -> str:
-    """`fp32` (x as it is) or `q8` (each row quantized to 8 bits per block of 32, as
-    llama.cpp does: integer block products, cheap extra rows; packed.h)."""
-    act = os.environ.get("SPECGEN_CPU_ACT", DEFAULT_ACTIVATIONS).lower()
-    if act not in ACTIVATIONS:
-        raise ValueError(f"SPECGEN_CPU_ACT={act!r}: use one of {', '.join(ACTIVATIONS)}")
-    return act
 
 
 def q8_quantize_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,6 +67,7 @@ class FusedPass:
     def __init__(self, model) -> None:
         a = model.args
         self.keep: list = []  # every ctypes array and tensor the description points into
+        self.tensors: dict[int, torch.Tensor] = {}  # the tensors, by the address described
         self.model_act = ACTIVATIONS[activations()]
         layers = (Layer * a.num_layers)()
         for i, layer in enumerate(model.layers):
@@ -110,6 +111,9 @@ class FusedPass:
         if t is None:
             return None
         self.keep.append(t)
+        known = self.tensors.get(t.data_ptr())
+        if known is None or known.nbytes < t.nbytes:  # a view from the start: the larger
+            self.tensors[t.data_ptr()] = t
         return t.data_ptr()
 
     def _lin(self, w: PackedWeight, bias: torch.Tensor | None) -> Lin:
@@ -140,6 +144,60 @@ class FusedPass:
             return Panels(width=0)
         mins = None if seg.mins is None else panel_major(seg.mins, width)
         return Panels(self._ptr(panel_major(seg.scale, width)), self._ptr(mins), width)
+
+    # the fast-start image (models/fused/image.py) ---------------------------------------
+    def image(self, model) -> tuple[dict, list]:
+        """This description as an image's header and buffers: every pointer it holds named
+        by its buffer's index, the token embedding and the RoPE tables beside them (the
+        model's as built for its last cache: `rope.length` positions)."""
+        from specgen.models.fused.image import LINS, NORMS, Described
+
+        d = Described()
+
+        def buf(t) -> int | None:
+            return None if t is None else d.add(t.detach().numpy())
+
+        def at(address: int | None) -> int | None:
+            return None if not address else buf(self.tensors[address])
+
+        def lin(w: Lin) -> dict:
+            segs = []
+            for j in range(w.nsegs):
+                g = w.segs[j]
+                segs.append({
+                    "row0": g.row0, "rows": g.rows, "bits": g.bits, "group": g.group,
+                    "half": g.half, "q": at(g.q), "scale": at(g.scale), "mins": at(g.mins),
+                    "panels": {"scale": at(g.panels.scale), "mins": at(g.panels.mins),
+                               "width": g.panels.width},
+                })  # fmt: skip
+            return {"N": w.N, "K": w.K, "bias": at(w.bias), "segs": segs}
+
+        m = self.model
+        sizes = {f: getattr(m, f) for f in ("layers", "hidden", "heads", "kv_heads", "head_dim",
+                                            "inter", "vocab", "direct_rows", "act", "eps",
+                                            "attn_scale")}  # fmt: skip
+        layers = [{**{n: lin(getattr(m.layer[i], n)) for n in LINS},
+                   **{n: at(getattr(m.layer[i], n)) for n in NORMS}}
+                  for i in range(self.layer_count)]  # fmt: skip
+        described = {"sizes": sizes, "layers": layers, "norm": at(m.norm), "head": lin(m.head),
+                     "layer_work": self.layer_work,
+                     "min_parallel_work": self.min_parallel_work}  # fmt: skip
+        embed = model.embed
+        if len(embed.segments) != 1 or not isinstance(embed.segments[0], PackedMatrix):
+            raise ValueError("the image takes a packed embedding of one segment")
+        e = embed.segments[0]
+        if e.columns is not None or model.args.embed_scale is not None:
+            raise ValueError("the image takes an embedding in column order, unscaled")
+        cos, sin = model._tables[0]
+        header = {
+            "pass": described,
+            "embed": {"q": buf(e.q), "scale": buf(e.scale), "mins": buf(e.mins),
+                      "bits": e.bits, "group": e.group},
+            "rope": {"cos": buf(cos), "sin": buf(sin), "length": cos.shape[0]},
+            "eos": list(model.args.eos_token_ids),
+            "max_positions": model.args.max_positions,
+        }  # fmt: skip
+        return header, d.buffers
 
     # running ---------------------------------------------------------------------------
     def run(

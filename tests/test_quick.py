@@ -122,3 +122,17 @@ def test_generate_starts_without_torch_once_the_image_is_written(tiny_dirs, tmp_
         done = run_cli(*args, *more, env=env)
         assert done.returncode == 0, (more, done.stderr)
         assert "torch" in imported(done), more
+
+
+@pytest.mark.slow
+def test_an_image_that_cannot_be_written_costs_the_answer_nothing(tiny_dirs, tmp_path):
+    gguf = tmp_path / "t.gguf"
+    write_tiny_gguf(tiny_dirs["llama"], gguf, LLAMA_MIXES["q4_1"])
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "fast").write_text("not a directory")  # where images go: unusable
+    done = run_cli("generate", "Hello there", "--model", str(gguf), "-n", "6",
+                   env={"SPECGEN_HOME": str(home)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no fast-start image written" in done.stderr
+    assert not done.stdout.strip().splitlines()[0].startswith("imported:")  # the answer

@@ -373,9 +373,14 @@ class Run:
 
         from specgen.api.quick import write_image
         from specgen.core.once import built
+        from specgen.terminal import display
 
         began = time.perf_counter()
-        written = write_image(pipe.model, gguf)
+        try:
+            written = write_image(pipe.model, gguf)
+        except OSError as e:  # a full or read-only cache: this run answers all the same
+            display.note(f"note: no fast-start image written ({e.strerror or e})")
+            return
         if written is not None:
             path, size = written
             built(f"a fast-start image of {pipe.name} ({size / 2**20:.0f} MiB)",

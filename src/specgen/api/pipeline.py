@@ -205,15 +205,8 @@ class Pipeline:
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool | None = None) -> list[int]:
         """Token ids for `prompt`: chat-templated unless `raw` (then the text as is), in
         thinking mode if `think` (None: what the model's drafters were trained with)."""
-        if think is None:
-            think = bool(self.thinking)
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise PromptError("empty prompt")
-            if raw:
-                return self.codec.encode_raw(prompt)
-            prompt = [{"role": "user", "content": prompt}]
-        return self.codec.encode_chat(prompt, think=think)
+        think = bool(self.thinking) if think is None else think
+        return self.codec.encode_prompt(prompt, raw=raw, think=think)
 
     def stream(
         self,

@@ -34,7 +34,7 @@ from specgen.core.config import (
     SamplingParams,
     checked_max_new_tokens,
 )
-from specgen.core.errors import ContextLimitError, PromptError, SpecgenError
+from specgen.core.errors import ContextLimitError, SpecgenError
 from specgen.core.events import StepEvent
 from specgen.core.paths import specgen_home
 from specgen.core.stats import GenStats
@@ -181,15 +181,8 @@ class QuickPipeline:
 
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool | None = None) -> list[int]:
         """As `Pipeline.encode`."""
-        if think is None:
-            think = bool(self.thinking)
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise PromptError("empty prompt")
-            if raw:
-                return self.codec.encode_raw(prompt)
-            prompt = [{"role": "user", "content": prompt}]
-        return self.codec.encode_chat(prompt, think=think)
+        think = bool(self.thinking) if think is None else think
+        return self.codec.encode_prompt(prompt, raw=raw, think=think)
 
     def stream_ids(self, prompt_ids: list[int], *, sampling: SamplingParams | None = None,
                    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Iterator[Chunk]:  # fmt: skip

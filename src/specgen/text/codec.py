@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specgen.core.errors import CheckpointError
+from specgen.core.errors import CheckpointError, PromptError
 from specgen.core.once import built
 from specgen.text import tokenizer_cache
 from specgen.text.chat_template import render
@@ -87,6 +87,17 @@ class TextCodec:
             messages, add_generation_prompt=True, tokenize=True, return_dict=True, **extra
         )
         return list(out["input_ids"])
+
+    def encode_prompt(self, prompt: str | list[dict[str, str]], *, raw: bool,
+                      think: bool) -> list[int]:  # fmt: skip
+        """A prompt's ids: a text or a conversation chat-templated, or a text as is (`raw`)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError("empty prompt")
+            if raw:
+                return self.encode_raw(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        return self.encode_chat(prompt, think=think)
 
     def encode_raw(self, text: str, *, special: bool = True) -> list[int]:
         """`text`'s ids (`special`: with what the tokenizer adds around it, e.g. a BOS)."""

@@ -53,6 +53,21 @@ const float *packed_scales(const void *table, int half, int64_t row, int64_t row
     return buf;
 }
 
+/* panel `at`'s scales and minimums from a weight's panel-major tables (packed.h's Panels):
+ * fp32 ones read in place, fp16 ones widened into sbuf and mbuf; panel `next`'s asked for
+ * into L2 (as the kernels do for its weights), none when next < 0 */
+void panel_tables(const Panels *p, int half, int64_t at, int64_t next, int64_t G, float *sbuf,
+                  float *mbuf, const float **s, const float **m) {
+    int64_t count = G * p->width, size = (half ? 2 : 4) * count;
+    if (next >= 0)
+        for (int64_t b = 0; b < size; b += 64) {
+            __builtin_prefetch((const char *)p->scale + next * size + b, 0, 2);
+            if (p->mins) __builtin_prefetch((const char *)p->mins + next * size + b, 0, 2);
+        }
+    *s = packed_scales(p->scale, half, at, 1, count, sbuf);
+    *m = packed_scales(p->mins, half, at, 1, count, mbuf);
+}
+
 /* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */
 void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) {
     int64_t groups = K / group;

@@ -19,6 +19,15 @@ static inline float lanes_sum8(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
+/* A weight's scales and minimums again, laid out panel by panel: [ceil(N / width), G, width]
+ * (a last panel of fewer columns repeats its last), as a kernel of that width reads them. A
+ * kernel otherwise transposes a panel's [width, G] scales on every call, which was a sixth of
+ * a decode step; with these it reads them in one sweep. The same values: the same bits. */
+typedef struct {
+    const void *scale, *mins; /* the dtype of the weight's own tables (fp16 with `half`) */
+    int64_t width;            /* 0: none */
+} Panels;
+
 /* ---- common.c ---- */
 /* n fp16 values widened to fp32 (exact) */
 void widen(const uint16_t *h, int64_t n, float *out);
@@ -27,6 +36,12 @@ void widen(const uint16_t *h, int64_t n, float *out);
  * widened from fp16 into buf; NULL for a NULL table */
 const float *packed_scales(const void *table, int half, int64_t row, int64_t rows,
                            int64_t count, float *buf);
+
+/* panel `at` (of width p->width) of panel-major tables as fp32 [G, width]: *s and *m (NULL
+ * without minimums) point into the tables or, for fp16 ones, into sbuf and mbuf, widened;
+ * panel `next`'s are asked for into L2 (none when next < 0) */
+void panel_tables(const Panels *p, int half, int64_t at, int64_t next, int64_t G, float *sbuf,
+                  float *mbuf, const float **s, const float **m);
 
 /* the build's description ("avx512+vnni", "avx2", "portable"...) and the hash of the sources
  * it was built from (pip's libraries are checked against their sources: kernels/cpu_build.py) */
@@ -85,15 +100,6 @@ void q8_rows(const float *x, int64_t M, int64_t K, void *buf, Q8Rows *rows);
 void q8_layout(int64_t M, int64_t K, void *buf, Q8Rows *rows);
 /* row r of a layout, quantized from x[0..K) (the rows' owner may fill them in any order) */
 void q8_row(const float *x, int64_t r, const Q8Rows *rows);
-
-/* A weight's scales and minimums again, laid out panel by panel: [ceil(N / width), G, width]
- * (a last panel of fewer columns repeats its last), as a kernel of that width reads them. A
- * kernel otherwise transposes a panel's [width, G] scales on every call, which was a sixth of
- * a decode step; with these it reads them in one sweep. The same values: the same bits. */
-typedef struct {
-    const void *scale, *mins; /* the dtype of the weight's own tables (fp16 with `half`) */
-    int64_t width;            /* 0: none */
-} Panels;
 
 /* columns [n0, n1) of y = x W^T from quantized rows, on the calling thread; -1: out of
  * memory. The build's widest kernel (q8x16_columns, q8x8_columns), or the portable one

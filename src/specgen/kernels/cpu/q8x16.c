@@ -186,23 +186,6 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
     }
 }
 
-/* panel `at`'s scales (or minimums) of a panel-major table, into L2 */
-static inline void prefetch_panel(const void *table, int half, int64_t at, int64_t G) {
-    int64_t size = (half ? 2 : 4) * G * P;
-    const char *from = (const char *)table + at * size;
-    for (int64_t b = 0; b < size; b += 64) _mm_prefetch(from + b, _MM_HINT_T1);
-}
-
-/* panel `at`'s scales (or minimums) from a panel-major table (packed.h's Panels) */
-static void panel_copy(const void *table, int half, int64_t at, int64_t G, float *out) {
-    if (!half) {
-        memcpy(out, (const float *)table + at * G * P, sizeof(float) * G * P);
-        return;
-    }
-    const uint16_t *t = (const uint16_t *)table + at * G * P;
-    for (int64_t g = 0; g < G; g++) _mm512_storeu_ps(out + g * P, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + g * P))));
-}
-
 /* R rows (compile-time, so accumulators stay in registers) against one panel: its weights
  * from p[c] (column c's row of W), or already turned, from `staged` (8 vectors a block);
  * s, m [G, P]; X [rows, G]. acc: R vectors out. */
@@ -297,13 +280,10 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
         int cols = n1 - c0 < P ? (int)(n1 - c0) : P;
         const uint8_t *p[P]; /* a last panel of fewer columns repeats its last (not stored) */
         for (int c = 0; c < P; c++) p[c] = (const uint8_t *)w + (c0 + (c < cols ? c : cols - 1)) * row;
+        const float *ps = s, *pm = m; /* the panel's scales and minimums, [G, P] */
         if (panels) {
-            if (c0 / P + AHEAD < (n1 + P - 1) / P) { /* as the weights: asked for early */
-                prefetch_panel(panels->scale, half, c0 / P + AHEAD, G);
-                if (mins) prefetch_panel(panels->mins, half, c0 / P + AHEAD, G);
-            }
-            panel_copy(panels->scale, half, c0 / P, G, s);
-            if (mins) panel_copy(panels->mins, half, c0 / P, G, m);
+            int64_t next = c0 + AHEAD * P < n1 ? c0 / P + AHEAD : -1;
+            panel_tables(panels, half, c0 / P, next, G, s, m, &ps, &pm);
         } else {
             panel_scales(scale, half, c0, cols, G, s);
             if (mins) panel_scales(mins, half, c0, cols, G, m);
@@ -319,7 +299,7 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
         for (int64_t r0 = 0; r0 < x->M; r0 += RB) {
             int R = x->M - r0 < RB ? (int)(x->M - r0) : RB;
             __m512 out[RB];
-            BY[bits == 4][R - 1](x, r0, p, stage, group, s, m, X, out);
+            BY[bits == 4][R - 1](x, r0, p, stage, group, ps, pm, X, out);
             for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + c0, keep, out[r]);
         }
     }

@@ -34,12 +34,12 @@ from specgen.core.config import (
     SamplingParams,
     checked_max_new_tokens,
 )
-from specgen.core.errors import ContextLimitError, SpecgenError
+from specgen.core.errors import SpecgenError
 from specgen.core.events import StepEvent
 from specgen.core.paths import specgen_home
 from specgen.core.stats import GenStats
 from specgen.core.timings import phase
-from specgen.engine.answer import Answer
+from specgen.engine.answer import Answer, reusable_prefix
 from specgen.text.codec import Detokenizer, TextCodec
 
 if TYPE_CHECKING:
@@ -207,14 +207,7 @@ class QuickPipeline:
             self.length = len(self.ids)
 
     def _prepare(self, prompt_ids: list[int]) -> list[int]:
-        if len(prompt_ids) >= self.capacity:
-            raise ContextLimitError(
-                f"prompt is {len(prompt_ids)} tokens but the context limit is "
-                f"{self.capacity} (leave room for at least one new token; see --context)"
-            )
-        keep, limit = 0, min(len(self.ids), len(prompt_ids) - 1)
-        while keep < limit and self.ids[keep] == prompt_ids[keep]:
-            keep += 1
+        keep = reusable_prefix(self.ids, prompt_ids, self.capacity)  # as a session does
         self.ids, self.length = list(prompt_ids[:keep]), keep
         return list(prompt_ids[keep:])
 

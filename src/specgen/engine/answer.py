@@ -3,7 +3,10 @@ and why it ends."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from specgen.core.errors import ContextLimitError
 
 
 def cut(tokens: list[int], produced: int, limit: int, stop_ids: frozenset[int]):
@@ -45,3 +48,18 @@ def reported(step: list[int], kept: tuple[int, ...], finish: str | None) -> list
     ended the answer (not part of it, but chosen at its position: vLLM and OpenAI report
     it too, and lm-eval counts on one entry per new token)."""
     return step[: len(kept) + (finish == "stop")]
+
+
+def reusable_prefix(held: Sequence[int], prompt_ids: Sequence[int], capacity: int) -> int:
+    """How much of a cache holding `held` a new prompt keeps: the prefix they share, leaving
+    at least one token to prefill (its logits give the first new token). A prompt that
+    leaves no room for one new token is refused."""
+    if len(prompt_ids) >= capacity:
+        raise ContextLimitError(
+            f"prompt is {len(prompt_ids)} tokens but the context limit is "
+            f"{capacity} (leave room for at least one new token; see --context)"
+        )
+    keep, limit = 0, min(len(held), len(prompt_ids) - 1)
+    while keep < limit and held[keep] == prompt_ids[keep]:
+        keep += 1
+    return keep

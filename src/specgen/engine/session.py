@@ -9,7 +9,7 @@ K/V of `ids`" after a generation, including one interrupted by Ctrl-C mid-step.
 from __future__ import annotations
 
 from specgen.drafting.base import Drafter
-from specgen.models.cache.kv import ContextLimitError
+from specgen.engine.answer import reusable_prefix
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
 from specgen.scheduling.scheduler import VerifyScheduler
@@ -45,16 +45,7 @@ class Session:
 
     def prepare(self, prompt_ids: list[int]) -> list[int]:
         """Roll the cache back to the longest reusable prefix; return the ids to prefill."""
-        if len(prompt_ids) >= self.capacity:
-            raise ContextLimitError(
-                f"prompt is {len(prompt_ids)} tokens but the context limit is "
-                f"{self.capacity} (leave room for at least one new token; see --context)"
-            )
-        keep = 0
-        # Keep at least one token to prefill: its logits give the first new token.
-        limit = min(len(self.ids), len(prompt_ids) - 1)
-        while keep < limit and self.ids[keep] == prompt_ids[keep]:
-            keep += 1
+        keep = reusable_prefix(self.ids, prompt_ids, self.capacity)
         keep = self.cache.restorable(keep)  # a hybrid target's state may reach less far back
         self._rollback(keep)
         self.ids = list(prompt_ids[:keep])

@@ -288,24 +288,26 @@ class Run:
         load that could have used one writes it."""
         import time
 
+        from specgen.cli import fast_start
         from specgen.cli.common import quiet_libraries
         from specgen.core import once, timings
         from specgen.terminal import display
 
         start = time.perf_counter()
         quiet_libraries()
-        once.listen(None if self.quiet else display.status)  # what a first run builds
+        notify = None if self.quiet else display.status
+        once.listen(notify)  # what a first run builds
         spec = spec or self.spec()
-        quick = quick and self._quick_options(spec)
+        quick = quick and fast_start.wanted(self, spec)
         with timings.recording() as phases:
             resolved = None
             if quick or Path(self.model).expanduser().exists():  # a local file: read first
                 from specgen.hub import resolve_model
 
                 with timings.phase("file checked"):
-                    resolved = resolve_model(self.model, notify=self._notify())
+                    resolved = resolve_model(self.model, notify=notify)
             if quick and resolved is not None and resolved.gguf is not None:
-                fast = self._open_quick(resolved)
+                fast = fast_start.opened(self, resolved)
                 if fast is not None:
                     if self.debug:
                         display.status(timings.report(phases, time.perf_counter() - start))
@@ -326,11 +328,11 @@ class Run:
                 quantize=self.quantize,
                 dequantize=self.dequantize,
                 spec=spec,
-                notify=None if self.quiet else display.status,
+                notify=notify,
                 measure_costs=self.measure_costs,
             )
         if quick and resolved is not None and resolved.gguf is not None:
-            self._write_quick(pipe, resolved.gguf)
+            fast_start.write(pipe, resolved.gguf)
         if self.debug:
             display.status(timings.report(phases, time.perf_counter() - start))
         if self.think is not None and pipe.method is not None and pipe.thinking is not None:
@@ -341,50 +343,6 @@ class Run:
                     f"--{'' if self.think else 'no-'}think will lower their acceptance"
                 )
         return pipe
-
-
-    # the fast start (api/quick.py) ------------------------------------------------------
-    def _notify(self):
-        from specgen.terminal import display
-
-        return None if self.quiet else display.status
-
-    def _quick_options(self, spec: SpecConfig) -> bool:
-        from specgen.api.quick import wants_quick
-
-        return spec == SpecConfig(method=AR) and wants_quick(
-            method=spec.method, drafter=spec.drafter, sampling=self.sampling(),
-            device=self.device, dtype=self.dtype, quantize=self.quantize,
-            dequantize=self.dequantize,
-        )  # fmt: skip
-
-    def _open_quick(self, resolved):
-        from specgen.api.quick import open_quick
-        from specgen.registry import MODELS
-
-        if self.threads is not None and self.threads < 1:
-            raise SpecgenError(f"--threads must be at least 1 (got {self.threads})")
-        entry = MODELS.get(resolved.name)
-        return open_quick(resolved, self.context, self.threads, entry.thinking if entry else None)
-
-    def _write_quick(self, pipe, gguf: Path) -> None:
-        """The image the next run starts from (announced once, with its size)."""
-        import time
-
-        from specgen.api.quick import write_image
-        from specgen.core.once import built
-        from specgen.terminal import display
-
-        began = time.perf_counter()
-        try:
-            written = write_image(pipe.model, gguf)
-        except OSError as e:  # a full or read-only cache: this run answers all the same
-            display.note(f"note: no fast-start image written ({e.strerror or e})")
-            return
-        if written is not None:
-            path, size = written
-            built(f"a fast-start image of {pipe.name} ({size / 2**20:.0f} MiB)",
-                  time.perf_counter() - began, path.parent)  # fmt: skip
 
 
 def _options() -> dict[str, Any]:

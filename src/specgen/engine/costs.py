@@ -207,8 +207,10 @@ def _write_json(path, record: dict) -> None:
 # CPU kernel's direct path for verify blocks up to 16 rows; 6: the fused CPU pass, fp16
 # packed scales, packed draft-vocabulary heads; 7: 16-lane packed products on AVX-512, and
 # the ISA a build targets, SPECGEN_CPU_ISA; 8: per-ISA libraries built at install, and the
-# 8-bit-activation products, SPECGEN_CPU_ACT, whose extra rows cost a fraction of fp32's).
-KERNELS_REVISION = 8
+# 8-bit-activation products, SPECGEN_CPU_ACT, whose extra rows cost a fraction of fp32's;
+# 9: panel-major scales (a decode step 12% faster) and 8-row register blocks: tables made
+# before them priced a plain step high and 5-8-row blocks high).
+KERNELS_REVISION = 9
 
 
 def cached_costs(

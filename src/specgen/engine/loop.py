@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from specgen.core import clock
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, empty_draft
 from specgen.core.events import StepEvent
@@ -147,6 +148,7 @@ def generate_speculative(
         # goes straight from drafting to verifying while the host waits for the drafts.
         drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
         block = torch.cat([anchor_t, drafts], dim=1)
+        began = clock.now()
         out = model(block, cache, taps=drafter.taps)
         verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
         scored = masked(constraint, penalised(penalties, out.logits, drafts), verified)
@@ -159,7 +161,8 @@ def generate_speculative(
             accepted, bonus = 0, int(bonus_t)  # sync
         if penalties is not None:
             penalties.commit(drafts[0], accepted, bonus_t)
-        if scheduler is not None:
+        if scheduler is not None:  # (the forward, its sampling and the syncs: what it cost)
+            scheduler.timed(start, len(verified), clock.now() - began)
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
         kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}

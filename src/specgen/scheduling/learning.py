@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from specgen.core.config import SamplingParams, VerifyPolicy
 from specgen.scheduling.cost import CostTable
+from specgen.scheduling.observed import ObservedPrices
 from specgen.scheduling.scheduler import VerifyScheduler
 
 
@@ -19,18 +20,22 @@ class Schedulers:
         self.costs = costs
         self.several = drafters > 1
         self.learnt: VerifyScheduler | None = None
+        self.observed = ObservedPrices()  # how this pipeline's forwards ran against the table
 
     def new(self, *, learn: bool = True) -> VerifyScheduler | None:
-        """The scheduler a new answer starts with (from what the last one learnt unless
-        `learn` is False); None when every draft is verified whole and there is no choice
-        of drafter to make, or when the policy or the choice needs costs there are none of."""
+        """The scheduler a new answer starts with (from what the last one learnt, and
+        pricing steps as they have run, unless `learn` is False); None when every draft is
+        verified whole and there is no choice of drafter to make, or when the policy or the
+        choice needs costs there are none of."""
         if (self.policy.kind == "full" and not self.several) or (self.costs is None and (
             self.policy.needs_costs or self.several
         )):  # fmt: skip
             return None
         scheduler = VerifyScheduler(self.policy, self.costs)
-        if learn and self.learnt is not None:
-            scheduler.learn_from(self.learnt)
+        if learn:
+            scheduler.observed = self.observed
+            if self.learnt is not None:
+                scheduler.learn_from(self.learnt)
         return scheduler
 
     def for_answer(
@@ -54,6 +59,9 @@ class Schedulers:
         """Costs measured again: they decide from now on, in new schedulers, the learnt
         one and the `running` ones (a session's, mid-conversation)."""
         self.costs = costs
+        self.observed = ObservedPrices()  # ratios to the old table say nothing of the new
         for scheduler in (*running, self.learnt):
             if scheduler is not None:
                 scheduler.costs = costs
+                if scheduler.observed is not None:
+                    scheduler.observed = self.observed

@@ -28,6 +28,7 @@ from specgen.core.config import VerifyPolicy
 from specgen.core.draft import Draft, DraftOption
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.history import StepHistory
+from specgen.scheduling.observed import ObservedPrices
 from specgen.scheduling.verify_length import (
     VerifyDecision,
     best_draft,
@@ -86,6 +87,9 @@ class VerifyScheduler:
         # the step prices to decide the coming step by, n = 0..max drafts, when the table's
         # alone would be wrong: a step shared with other answers (scheduling/batch.py)
         self.step_prices: list[float] | None = None
+        # the pipeline's record of how its forwards ran against the table (None: the table
+        # alone decides, as for a seeded sampling answer)
+        self.observed: ObservedPrices | None = None
 
     def learn_from(self, earlier: VerifyScheduler) -> None:
         """Start from what an earlier session learnt (its history and how far apart its
@@ -148,11 +152,22 @@ class VerifyScheduler:
         return self._price(option, self._steps(context))[0]
 
     def _steps(self, context: int) -> list[float]:
-        """Step prices by verify length: `step_prices` when set, else the table's."""
+        """Step prices by verify length: `step_prices` when set, else the table's as the
+        forwards that ran corrected it (`observed`)."""
         assert self.costs is not None
-        return self.step_prices if self.step_prices is not None else self.costs.step_seconds(
-            context
-        )
+        if self.step_prices is not None:
+            return self.step_prices
+        prices = self.costs.step_seconds(context)
+        return prices if self.observed is None else self.observed.correct(prices)
+
+    def timed(self, context: int, verify: int, seconds: float) -> None:
+        """A target forward after `context` tokens, verifying `verify` drafts, took
+        `seconds` (with its sampling or verification): kept against the table's price."""
+        if self.observed is None or self.costs is None or self.step_prices is not None:
+            return
+        prices = self.costs.step_seconds(context)
+        if verify < len(prices):
+            self.observed.record(verify, seconds, prices[verify])
 
     def _cost(self, source: str | None) -> Callable[[int], float]:
         """A drafter's time to draft k tokens (k <= 0: its longest)."""

@@ -1,0 +1,72 @@
+"""Step prices as this machine runs them: the cost table corrected by the steps that ran.
+
+The table is measured once, in isolation, each block size keeping its fastest run; the
+answers' steps then run beside drafting, sampling and whatever else the machine does, and
+on the 2-core CPU a 4-row verify block took 1.6 plain steps as the answers ran it against
+the table's 1.2 (its plain step was also its slowest run). A scheduler that believes the
+table drafts where drafting loses: the default's learned drafters ran at 0.89-0.93x AR on
+Spec-Bench while the table modeled 0.98-0.99x. So each verify length's price is scaled by
+how long its forwards actually took against what the table said (the median of the last
+`WINDOW` such ratios; a length not yet seen takes a ratio on the line between the seen
+lengths beside it, the longest seen one's past them, and the table's own below them), and
+the decisions follow the machine's own figures.
+
+Only where the decisions cannot change the output: a seeded sampling answer's draws depend
+on how many drafts each step verifies, so it keeps the table's prices alone (scheduling/
+learning.py hands it none of these).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+WINDOW = 15  # ratios per verify length: the median of the last ones (a busy machine's are
+# heavy-tailed, and the load changes)
+MIN_SAMPLES = 3  # ratios a verify length needs before its own decides
+
+
+class ObservedPrices:
+    """Per pipeline: observed / priced seconds of target forwards, by verify length."""
+
+    def __init__(self) -> None:
+        self._ratios: dict[int, deque[float]] = {}
+        self._medians: dict[int, float] = {}  # lengths with MIN_SAMPLES: their median, kept
+        # current as they come (a scheduler reads them every step)
+
+    def record(self, verify: int, seconds: float, priced: float) -> None:
+        """A forward verifying `verify` drafts took `seconds`; the table priced it `priced`."""
+        if seconds <= 0 or priced <= 0:
+            return
+        seen = self._ratios.setdefault(verify, deque(maxlen=WINDOW))
+        seen.append(seconds / priced)
+        if len(seen) >= MIN_SAMPLES:
+            self._medians[verify] = statistics.median(seen)
+
+    def ratio(self, verify: int) -> float | None:
+        """How much dearer than the table this verify length runs (None: nothing seen yet):
+        its own median, else on the line between the seen lengths beside it, the longest
+        seen one's past them (a longer block is no cheaper for the table's errors), none
+        below them."""
+        if verify in self._medians:
+            return self._medians[verify]
+        below = [n for n in self._medians if n < verify]
+        above = [n for n in self._medians if n > verify]
+        if not below:
+            return None
+        if not above:
+            return self._medians[max(below)]
+        a, b = max(below), min(above)
+        ra, rb = self._medians[a], self._medians[b]
+        return ra + (rb - ra) * (verify - a) / (b - a)
+
+    def correct(self, prices: Sequence[float]) -> list[float]:
+        """The table's prices by verify length, each scaled by what its forwards showed."""
+        if not self._medians:
+            return list(prices)
+        out = []
+        for n, price in enumerate(prices):
+            r = self.ratio(n)
+            out.append(price if r is None else price * r)
+        return out

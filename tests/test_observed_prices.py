@@ -1,0 +1,92 @@
+"""Step prices corrected by the forwards that ran (scheduling/observed.py): the scheduler
+decides by what verify blocks cost as the answers run them, not only by the table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.core.config import SamplingParams, VerifyPolicy
+from specgen.core.draft import Draft, DraftOption
+from specgen.scheduling.cost import CostTable
+from specgen.scheduling.learning import Schedulers
+from specgen.scheduling.observed import MIN_SAMPLES, WINDOW, ObservedPrices
+from specgen.scheduling.scheduler import VerifyScheduler
+
+
+def test_each_verify_length_is_scaled_by_the_median_of_its_last_ratios():
+    seen = ObservedPrices()
+    assert seen.correct([1.0, 2.0]) == [1.0, 2.0]  # nothing seen: the table
+    for seconds in (1.5, 1.4, 9.0):  # one outlier among three
+        seen.record(0, seconds, 1.0)
+    assert seen.ratio(0) == 1.5
+    for _ in range(MIN_SAMPLES - 1):
+        seen.record(3, 5.0, 2.0)
+    assert seen.ratio(3) == 1.5  # too few of its own yet: the nearest seen length's
+    seen.record(3, 5.0, 2.0)
+    assert seen.ratio(3) == 2.5
+    assert seen.ratio(1) == pytest.approx(1.5 + (2.5 - 1.5) / 3)  # between: on the line
+    assert seen.correct([1.0, 1.2, 1.5, 1.4, 1.6]) == pytest.approx([1.5, 2.2, 3.25, 3.5, 4.0])
+    for _ in range(WINDOW):  # the machine got faster: only the last WINDOW count
+        seen.record(0, 1.0, 1.0)
+    assert seen.ratio(0) == 1.0
+    for _ in range(MIN_SAMPLES):  # a clock that did not move, or no price: nothing
+        seen.record(1, 0.0, 1.0)
+        seen.record(1, 1.0, 0.0)
+    assert seen.ratio(1) == pytest.approx(1.0 + (2.5 - 1.0) / 3)  # still on the line
+
+
+def test_drafting_stops_when_verify_blocks_run_dearer_than_the_table_says():
+    # the table: 4 rows cost 1.2 plain steps, so drafts accepted 40% of the time pay
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.15, 1.2),), drafts={"d": (0.05,)})
+    one = (DraftOption(),)
+
+    def learnt(observed: ObservedPrices | None) -> VerifyScheduler:
+        scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+        scheduler.observed = observed
+        for _ in range(40):
+            draft = Draft(tokens=torch.zeros(1, 3, dtype=torch.long))
+            scheduler.record(draft, accepted=1)  # 1 of 3 accepted: τ 2 for 3 drafts
+        return scheduler
+
+    assert learnt(None).pick(one, 100) == 0  # the table alone: drafting pays
+    seen = ObservedPrices()
+    scheduler = learnt(seen)
+    for _ in range(MIN_SAMPLES):  # as the steps ran: plain steps as priced, 2 rows at 2.2
+        scheduler.timed(100, 0, 1.0)
+        scheduler.timed(100, 1, 2.2)
+    assert scheduler.pick(one, 100) is None  # a plain step (a probe aside)
+    assert learnt(seen).pick(one, 100) is None  # the pipeline's record: every new answer's
+
+
+def test_seeded_answers_keep_the_tables_prices():
+    """A seeded sampling answer's draws depend on its verify lengths, so what the machine
+    happened to run must not enter them; every other answer shares the pipeline's record."""
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.2),), drafts={"d": (0.1,)})
+    schedulers = Schedulers(VerifyPolicy.parse("cost"), costs, drafters=1)
+    a, b = schedulers.new(), schedulers.new()
+    assert a.observed is schedulers.observed and b.observed is schedulers.observed
+    seeded = schedulers.for_answer(a, SamplingParams(temperature=0.7, seed=3))
+    assert seeded.observed is None
+    assert seeded._steps(100) == [1.0, 1.2]
+    seeded.timed(100, 0, 5.0)  # nothing recorded
+    assert schedulers.observed.ratio(0) is None
+    for _ in range(MIN_SAMPLES):
+        a.timed(100, 1, 2.4)
+    assert b._steps(100) == pytest.approx([1.0, 2.4])
+    schedulers.reprice(CostTable(contexts=(100,), seconds=((1.0, 2.0),)), a)
+    assert a.observed is schedulers.observed and a.observed.ratio(1) is None  # a new table
+
+
+def test_the_loop_times_its_forwards_against_the_table(tiny_qwen3_deep, tiny_dflash):
+    from specgen.api.pipeline import Pipeline
+    from specgen.core.config import SpecConfig
+
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    costs = CostTable(contexts=(1,), seconds=((1e-3,) * 8,), drafts={"dflash": (1e-4,)})
+    pipe = ar.with_spec(SpecConfig(drafter=str(tiny_dflash), verify_policy="cost"), costs=costs)
+    want = ar.generate("The quick brown fox", raw=True, max_new_tokens=24).token_ids
+    got = pipe.generate("The quick brown fox", raw=True, max_new_tokens=24)
+    assert got.token_ids == want
+    seen = pipe.schedulers.observed
+    assert any(seen.ratio(n) is not None for n in range(8))

@@ -131,6 +131,28 @@ def test_scales_laid_out_by_panel_give_the_bits_of_scales_transposed_per_call(
     assert torch.equal(with_panels, without)
 
 
+def test_the_pass_keeps_token_embeddings_that_are_the_models_own(
+    tiny_qwen3_deep, tmp_path, monkeypatch
+):
+    """Decode steps and verify blocks read their tokens' embeddings from a cache the pass
+    fills from `embed_tokens` (a lookup through the packed matrix was 2-3% of a step): the
+    same bits, repeats and all, and a full cache starts over."""
+    from specgen.models.fused import cpu_pass
+
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
+    model = load_gguf_target(
+        tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
+    )
+    fused = FusedPass.of(model)
+    fused._rows_limit = 6
+    for ids in ([3], [5, 3, 5, 9], [1, 2, 4, 6, 7], [3], list(range(40))):
+        got = fused.embed(model, ids)
+        assert got.shape == (1, len(ids), model.args.hidden_size) and got.is_contiguous()
+        assert torch.equal(got, model.embed_tokens(torch.tensor([ids])))
+        assert len(fused._rows) <= 6
+    assert len(ids) > cpu_pass.EMBED_CACHED_ROWS and 39 not in fused._rows  # not a prefill's
+
+
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5"])
 def test_with_8_bit_activations_the_pass_computes_the_eager_layers_model(
     wide_qwen2, tmp_path, mix, monkeypatch

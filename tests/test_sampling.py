@@ -47,6 +47,22 @@ def test_greedy_is_argmax():
     assert torch.equal(sample(logits, SamplingParams(), gen), logits.argmax(-1))
 
 
+def test_greedy_takes_torchs_first_maximum_and_nans_as_torch_does():
+    """numpy's argmax on the CPU (kernels.verify.greedy) picks what torch's would: the first
+    of tied maxima, the first NaN over any number, and an all -inf row's first index."""
+    from specgen.kernels.verify import greedy
+
+    nan, inf = float("nan"), float("inf")
+    rows = torch.tensor([[1.0, 3.0, 3.0, 2.0], [1.0, nan, 5.0, nan], [-inf] * 4,
+                         [inf, 1.0, inf, 0.0], [-inf, -1.0, -inf, -1.0]])  # fmt: skip
+    blocks = torch.randn(2, 5, 49152)
+    blocks[0, 1, 7] = blocks[0, 1, 9] = blocks[0, 1].max() + 1
+    for x in (rows, blocks, blocks[:, 1:3], blocks.transpose(0, 1), rows[0]):
+        got = greedy(x)
+        assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
+    assert torch.equal(greedy(rows.double()), rows.argmax(dim=-1))  # (torch's own)
+
+
 def test_seeded_sampling_is_reproducible():
     logits = torch.zeros(1, 1000)
     params = SamplingParams(temperature=1.0, seed=42)

@@ -19,9 +19,19 @@ argmax: accept while d_i == argmax(logits_i), next = argmax of the first unmatch
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specgen.kernels import backend, triton_wanted
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...] int64
+    """The first index of each row's largest logit, a NaN counting as the largest (torch's
+    rule, and numpy's). On the CPU numpy's argmax is taken: torch's took 63 us over the
+    default's 49,152 logits against numpy's 3, 2% of a decode step on two cores."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() > 0:
+        return torch.from_numpy(np.asarray(logits.detach().numpy().argmax(axis=-1)))
+    return logits.argmax(dim=-1)
 
 
 def verify_torch(
@@ -36,7 +46,7 @@ def verify_torch(
     bsz, k = draft_tokens.shape
     rows = torch.arange(bsz, device=logits.device)
     if temperature == 0:
-        best = logits.argmax(dim=-1)  # [B, k+1]
+        best = greedy(logits)  # [B, k+1]
         ok = draft_tokens == best[:, :k]
         accepted = ok.long().cumprod(dim=-1).sum(dim=-1)
         return accepted, best[rows, accepted]

@@ -44,12 +44,26 @@ class CostTable:
         """Costs for n = 0..max_drafts at this context length (linear in the context)."""
         if len(self.contexts) == 1:
             return list(self.seconds[0])
+        i, w = self._between(context)
+        s0, s1 = self.seconds[i - 1 : i + 1]
+        return [max(a + w * (b - a), 1e-9) for a, b in zip(s0, s1, strict=True)]
+
+    def step_second(self, context: int, n: int) -> float:
+        """`step_seconds(context)[n]` alone."""
+        if len(self.contexts) == 1:
+            return self.seconds[0][n]
+        i, w = self._between(context)
+        a, b = self.seconds[i - 1][n], self.seconds[i][n]
+        return max(a + w * (b - a), 1e-9)
+
+    def _between(self, context: int) -> tuple[int, float]:
+        """The measured contexts [i - 1, i] the line through `context` runs between, and
+        how far along it lies (beyond them: extrapolated)."""
         i = 1
         while i < len(self.contexts) - 1 and context > self.contexts[i]:
             i += 1
-        (c0, c1), (s0, s1) = self.contexts[i - 1 : i + 1], self.seconds[i - 1 : i + 1]
-        w = (context - c0) / (c1 - c0)
-        return [max(a + w * (b - a), 1e-9) for a, b in zip(s0, s1, strict=True)]
+        c0, c1 = self.contexts[i - 1 : i + 1]
+        return i, (context - c0) / (c1 - c0)
 
 
 def draft_time(by_length: Sequence[float], k: int) -> float:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 WINDOW = 15  # ratios per verify length: the median of the last ones (a busy machine's are
 # heavy-tailed, and the load changes)
 MIN_SAMPLES = 3  # ratios a verify length needs before its own decides
+REFRESH = 4  # a length's median is taken again every this many ratios (it is read each step)
 
 
 class ObservedPrices:
@@ -32,8 +33,9 @@ class ObservedPrices:
 
     def __init__(self) -> None:
         self._ratios: dict[int, deque[float]] = {}
-        self._medians: dict[int, float] = {}  # lengths with MIN_SAMPLES: their median, kept
-        # current as they come (a scheduler reads them every step)
+        self._medians: dict[int, float] = {}  # lengths with MIN_SAMPLES: their median
+        self._counts: dict[int, int] = {}
+        self.version = 0  # moves when a median does: schedulers re-price then
 
     def record(self, verify: int, seconds: float, priced: float) -> None:
         """A forward verifying `verify` drafts took `seconds`; the table priced it `priced`."""
@@ -41,8 +43,10 @@ class ObservedPrices:
             return
         seen = self._ratios.setdefault(verify, deque(maxlen=WINDOW))
         seen.append(seconds / priced)
-        if len(seen) >= MIN_SAMPLES:
+        count = self._counts[verify] = self._counts.get(verify, 0) + 1
+        if len(seen) >= MIN_SAMPLES and (verify not in self._medians or count % REFRESH == 0):
             self._medians[verify] = statistics.median(seen)
+            self.version += 1
 
     def ratio(self, verify: int) -> float | None:
         """How much dearer than the table this verify length runs (None: nothing seen yet):

@@ -11,6 +11,7 @@ import os
 import torch
 
 from specgen.core.config import SamplingParams
+from specgen.kernels.verify import greedy
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator:
@@ -55,6 +56,6 @@ def sample(
     generator: torch.Generator,
 ) -> torch.Tensor:  # [B] int64
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return greedy(logits)
     probs = probabilities(logits, params)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

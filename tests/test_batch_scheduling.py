@@ -41,6 +41,19 @@ def test_separate_forwards_add_up_and_one_forward_prices_its_rows():
     assert OneForward(by_rows).seconds(TABLE, parts) == pytest.approx(1.15)
 
 
+@pytest.mark.parametrize("costs", [SeparateForwards(), OneForward((1.0, 1.05, 1.1, 1.2, 1.4)),
+                                   OneForward()])  # fmt: skip
+def test_a_growing_answer_is_priced_as_the_whole_step_would_be(costs):
+    """`growing` works the others' part out once (pricing every answer every step was a
+    fifth of a step at 8 answers); it must say what `seconds` says of each whole step."""
+    table = CostTable(contexts=(100, 900), seconds=(STEPS, tuple(s + 0.4 for s in STEPS)))
+    others = [(100, 1), (500, 1), (900, 4)]
+    for context in (100, 300, 1200):
+        got = costs.growing(table, others, context, 6)
+        want = [costs.seconds(table, [*others, (context, 1 + n)]) for n in range(7)]
+        assert got == pytest.approx(want, rel=1e-12)
+
+
 @pytest.mark.parametrize("costs", [SeparateForwards(), OneForward((1.0, 1.05, 1.1, 1.2, 1.4))])
 def test_the_prices_make_the_schedulers_rule_the_batchs(costs):
     """E(k) / P(k) > 1 / P(0) exactly when the tokens k drafts add per second they add

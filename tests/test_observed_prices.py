@@ -16,7 +16,8 @@ from specgen.scheduling.scheduler import VerifyScheduler
 
 def test_each_verify_length_is_scaled_by_the_median_of_its_last_ratios():
     seen = ObservedPrices()
-    assert seen.correct([1.0, 2.0]) == [1.0, 2.0]  # nothing seen: the table
+    table = CostTable(contexts=(100,), seconds=((1.0, 1.2, 1.5, 1.4, 1.6),))
+    assert seen.corrected(table) is table  # nothing seen: the table
     for seconds in (1.5, 1.4, 9.0):  # one outlier among three
         seen.record(0, seconds, 1.0)
     assert seen.ratio(0) == 1.5
@@ -26,7 +27,9 @@ def test_each_verify_length_is_scaled_by_the_median_of_its_last_ratios():
     seen.record(3, 5.0, 2.0)
     assert seen.ratio(3) == 2.5
     assert seen.ratio(1) == pytest.approx(1.5 + (2.5 - 1.5) / 3)  # between: on the line
-    assert seen.correct([1.0, 1.2, 1.5, 1.4, 1.6]) == pytest.approx([1.5, 2.2, 3.25, 3.5, 4.0])
+    fixed = seen.corrected(table)
+    assert fixed.step_seconds(100) == pytest.approx([1.5, 2.2, 3.25, 3.5, 4.0])
+    assert seen.corrected(table) is fixed  # kept until a median moves
     for _ in range(WINDOW):  # the machine got faster: only the last WINDOW count
         seen.record(0, 1.0, 1.0)
     assert seen.ratio(0) == 1.0
@@ -90,3 +93,30 @@ def test_the_loop_times_its_forwards_against_the_table(tiny_qwen3_deep, tiny_dfl
     assert got.token_ids == want
     seen = pipe.schedulers.observed
     assert any(seen.ratio(n) is not None for n in range(8))
+
+
+def test_steps_answers_share_are_timed_as_one_forward_of_all_their_rows():
+    """engine/batch.py keeps each step's forward time against the table's price for all
+    its rows, under its rows less one: one forward of 3 rows is what a verify of 2 drafts
+    runs. Not a step with a prefill chunk, nor answers' separate forwards."""
+    from types import SimpleNamespace
+
+    from specgen.engine.batch import Batch
+    from specgen.scheduling.batch import OneForward, SeparateForwards
+
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3),))
+    schedulers = Schedulers(VerifyPolicy.parse("cost"), costs, drafters=1)
+    one, seeded = schedulers.new(), schedulers.new(learn=False)
+
+    def step(batch, rows, prefill=False, first=seeded):
+        planned = [(SimpleNamespace(scheduler=s), SimpleNamespace(prefill=prefill))
+                   for s in (first, *[one] * (len(rows) - 1))]  # fmt: skip
+        for _ in range(MIN_SAMPLES):
+            batch._observe(planned, [(100, r) for r in rows], 2.4)
+
+    step(Batch(OneForward()), [1, 2])  # 3 rows for 1.2 s priced: twice the table
+    assert schedulers.observed.ratio(2) == pytest.approx(2.0)
+    step(Batch(OneForward()), [1, 1], prefill=True)
+    step(Batch(SeparateForwards()), [1, 1])
+    step(Batch(OneForward()), [2, 3])  # 5 rows: longer than the table's longest verify
+    assert schedulers.observed.ratio(1) is None and schedulers.observed.ratio(3) == 2.0

@@ -12,6 +12,10 @@ answer stays lossless. A seeded sampling answer decides as if alone: which draws
 which token depends on its verify lengths, and a seeded answer must depend on its
 conversation and seed only (scheduling/learning.py), whatever else shares its steps.
 
+Each step's forward is timed against what the table priced it at (`_observe`): the
+answers' schedulers then price from the table as the steps ran it (scheduling/
+observed.py), a seeded answer excepted.
+
 A failure belongs to the answer it happened in (its `Outcome` carries the error, the
 others go on); only a forward that fails fails every answer in it.
 """
@@ -23,10 +27,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.core import clock
 from specgen.core.events import StepEvent
 from specgen.engine.stepper import Rows, Stepper
 from specgen.models.transformer import ForwardOutput, Transformer
-from specgen.scheduling.batch import Part, RowCosts, SeparateForwards, batch_prices
+from specgen.scheduling.batch import (
+    OneForward,
+    Part,
+    RowCosts,
+    SeparateForwards,
+    batch_prices,
+)
 
 
 @dataclass
@@ -87,7 +98,9 @@ class Batch:
             planned.append((stepper, rows))
         self._count(planned)
         try:
+            began = clock.now()
             outs = forward_all([rows for _, rows in planned])
+            self._observe(planned, [parts[id(s)] for s, _ in planned], clock.now() - began)
         except Exception as e:  # the forward all of them were in
             for stepper, _ in planned:
                 outcomes[id(stepper)] = Outcome(stepper, error=e)
@@ -113,8 +126,27 @@ class Batch:
         producing = len(self._decoding - {id(stepper)})
         assert scheduler.costs is not None
         scheduler.step_prices = batch_prices(
-            scheduler.costs, self.costs, stepper.context, others, producing
+            scheduler.table(), self.costs, stepper.context, others, producing
         )
+
+    def _observe(
+        self, planned: list[tuple[Stepper, Rows]], parts: list[Part], seconds: float
+    ) -> None:
+        """Keep this step's forward time against the table's price for it, under its rows
+        less one (a step with a prefill chunk is not a verify block, nor are answers'
+        separate forwards one of all their rows: neither is kept)."""
+        if any(rows.prefill for _, rows in planned):
+            return
+        if len(planned) > 1 and not isinstance(self.costs, OneForward):
+            return
+        scheduler = next((s.scheduler for s, _ in planned if s.scheduler is not None
+                          and s.scheduler.observed is not None
+                          and s.scheduler.costs is not None), None)  # fmt: skip
+        if scheduler is None:
+            return
+        table, verify = scheduler.costs, sum(rows for _, rows in parts) - 1
+        if verify <= table.max_drafts:
+            scheduler.observed.record(verify, seconds, self.costs.seconds(table, parts))
 
     def _count(self, planned: list[tuple[Stepper, Rows]]) -> None:
         c = self.counters

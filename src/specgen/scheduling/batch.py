@@ -39,12 +39,27 @@ class RowCosts(Protocol):
 
     def seconds(self, table: CostTable, parts: Sequence[Part]) -> float: ...
 
+    def growing(
+        self, table: CostTable, others: Sequence[Part], context: int, most: int
+    ) -> list[float]:
+        """`seconds` of `others` with one more answer after `context` of 1 + n rows, for
+        n = 0..most (what every answer's scheduler is priced by, every step: worked out
+        once for the others, not per n)."""
+        ...
+
 
 class SeparateForwards:
     """Each answer's rows are a forward of its own: the step costs their sum."""
 
     def seconds(self, table: CostTable, parts: Sequence[Part]) -> float:
         return sum(rows_seconds(table, context, rows) for context, rows in parts)
+
+    def growing(
+        self, table: CostTable, others: Sequence[Part], context: int, most: int
+    ) -> list[float]:
+        base = self.seconds(table, others)
+        own = table.step_seconds(context)
+        return [base + _on_a_line(own, 1 + n) for n in range(most + 1)]
 
 
 @dataclass(frozen=True)
@@ -67,9 +82,24 @@ class OneForward:
             product = rows_seconds(table, shortest, rows)
         else:
             product = _on_a_line(self.by_rows, rows)
-        plain = table.step_seconds(shortest)[0]
-        attention = sum(max(0.0, table.step_seconds(c)[0] - plain) * r for c, r in parts)
-        return product + attention
+        return product + self._attention(table, parts)
+
+    def growing(
+        self, table: CostTable, others: Sequence[Part], context: int, most: int
+    ) -> list[float]:
+        rows = sum(r for _, r in others)
+        by_rows = self.by_rows or table.step_seconds(table.contexts[0])
+        attention = self._attention(table, others)
+        mine = self._attention(table, [(context, 1)])
+        return [_on_a_line(by_rows, rows + 1 + n) + attention + mine * (1 + n)
+                for n in range(most + 1)]  # fmt: skip
+
+    @staticmethod
+    def _attention(table: CostTable, parts: Sequence[Part]) -> float:
+        """Each answer's attention over its own context: the table's plain step there
+        less at the shortest context measured, per row."""
+        plain = table.step_second(table.contexts[0], 0)
+        return sum(max(0.0, table.step_second(c, 0) - plain) * r for c, r in parts)
 
 
 def _on_a_line(by_rows: Sequence[float], rows: int) -> float:
@@ -91,9 +121,6 @@ def batch_prices(
     which get a token from it (decoding, not prefilling). See the module."""
     if not others:  # alone: the table's own prices (not a sum that rounds differently)
         return table.step_seconds(context)
-    plain = costs.seconds(table, [*others, (context, 1)])
-    share = plain / (producing + 1)
-    return [
-        share + costs.seconds(table, [*others, (context, 1 + n)]) - plain
-        for n in range(table.max_drafts + 1)
-    ]
+    steps = costs.growing(table, others, context, table.max_drafts)
+    share = steps[0] / (producing + 1)
+    return [share + step - steps[0] for step in steps]

@@ -11,6 +11,11 @@ how long its forwards actually took against what the table said (the median of t
 lengths beside it, the longest seen one's past them, and the table's own below them), and
 the decisions follow the machine's own figures.
 
+A step several answers share (engine/batch.py) is timed as one forward of all their rows
+against the table's price for it, and kept under its rows less one: the verify length of
+one answer's forward of as many rows. Each scheduler then prices from the corrected table
+(`corrected`), alone or in a batch.
+
 Only where the decisions cannot change the output: a seeded sampling answer's draws depend
 on how many drafts each step verifies, so it keeps the table's prices alone (scheduling/
 learning.py hands it none of these).
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from dataclasses import replace
+
+from specgen.scheduling.cost import CostTable
 
 WINDOW = 15  # ratios per verify length: the median of the last ones (a busy machine's are
 # heavy-tailed, and the load changes)
@@ -36,6 +43,7 @@ class ObservedPrices:
         self._medians: dict[int, float] = {}  # lengths with MIN_SAMPLES: their median
         self._counts: dict[int, int] = {}
         self.version = 0  # moves when a median does: schedulers re-price then
+        self._table: tuple[tuple[int, int], CostTable] | None = None  # `corrected`'s last
 
     def record(self, verify: int, seconds: float, priced: float) -> None:
         """A forward verifying `verify` drafts took `seconds`; the table priced it `priced`."""
@@ -65,12 +73,16 @@ class ObservedPrices:
         ra, rb = self._medians[a], self._medians[b]
         return ra + (rb - ra) * (verify - a) / (b - a)
 
-    def correct(self, prices: Sequence[float]) -> list[float]:
-        """The table's prices by verify length, each scaled by what its forwards showed."""
+    def corrected(self, table: CostTable) -> CostTable:
+        """`table` with each verify length's costs scaled by what its forwards showed."""
         if not self._medians:
-            return list(prices)
-        out = []
-        for n, price in enumerate(prices):
-            r = self.ratio(n)
-            out.append(price if r is None else price * r)
-        return out
+            return table
+        key = (id(table), self.version)
+        if self._table is not None and self._table[0] == key:
+            return self._table[1]
+        ratios = [self.ratio(n) or 1.0 for n in range(table.max_drafts + 1)]
+        seconds = tuple(tuple(s * r for s, r in zip(row, ratios, strict=True))
+                        for row in table.seconds)  # fmt: skip
+        made = replace(table, seconds=seconds)
+        self._table = (key, made)
+        return made

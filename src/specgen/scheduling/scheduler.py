@@ -172,13 +172,17 @@ class VerifyScheduler:
         return self._price(option, self._steps(context))[0]
 
     def _steps(self, context: int) -> list[float]:
-        """Step prices by verify length: `step_prices` when set, else the table's as the
-        forwards that ran corrected it (`observed`)."""
+        """Step prices by verify length: `step_prices` when set, else `table()`'s."""
         assert self.costs is not None
         if self.step_prices is not None:
             return self.step_prices
-        prices = self.costs.step_seconds(context)
-        return prices if self.observed is None else self.observed.correct(prices)
+        return self.table().step_seconds(context)
+
+    def table(self) -> CostTable:
+        """The cost table as the forwards that ran corrected it (`observed`), or as
+        measured (a seeded answer's; or nothing seen yet)."""
+        assert self.costs is not None
+        return self.costs if self.observed is None else self.observed.corrected(self.costs)
 
     def timed(self, context: int, verify: int, seconds: float) -> None:
         """A target forward after `context` tokens, verifying `verify` drafts, took

@@ -74,8 +74,11 @@ class Pipeline:
         self.spec = spec
         self.method = method
         self.source = source or name  # where the target came from (cost-table key)
-        # the scheduler each answer starts with, and what the last one learnt
-        self.schedulers = Schedulers(spec.verify_policy, costs, len(self.drafters))
+        # the scheduler each answer starts with, and what the last one learnt; a measured
+        # table (one with its `watch`) is also corrected by the steps as they run
+        self.schedulers = Schedulers(
+            spec.verify_policy, costs, len(self.drafters), observe=watch is not None
+        )
         self._watch = watch
         entry = MODELS.get(name)
         # the chat template's thinking mode the registry's drafters were trained with

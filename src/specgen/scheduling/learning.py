@@ -15,12 +15,17 @@ class Schedulers:
     drafters it mounts decide whether answers get a scheduler at all; `learnt` is the last
     finished answer's."""
 
-    def __init__(self, policy: VerifyPolicy, costs: CostTable | None, drafters: int) -> None:
+    def __init__(
+        self, policy: VerifyPolicy, costs: CostTable | None, drafters: int, *,
+        observe: bool = True,
+    ) -> None:  # fmt: skip
         self.policy = policy
         self.costs = costs
         self.several = drafters > 1
         self.learnt: VerifyScheduler | None = None
-        self.observed = ObservedPrices()  # how this pipeline's forwards ran against the table
+        # how this pipeline's forwards ran against its table: for a table measured here
+        # (`observe`); prices handed in (tests, what-if runs) are taken as they are
+        self.observed = ObservedPrices() if observe else None
 
     def new(self, *, learn: bool = True) -> VerifyScheduler | None:
         """The scheduler a new answer starts with (from what the last one learnt, and
@@ -59,7 +64,8 @@ class Schedulers:
         """Costs measured again: they decide from now on, in new schedulers, the learnt
         one and the `running` ones (a session's, mid-conversation)."""
         self.costs = costs
-        self.observed = ObservedPrices()  # ratios to the old table say nothing of the new
+        if self.observed is not None:  # ratios to the old table say nothing of the new
+            self.observed = ObservedPrices()
         for scheduler in (*running, self.learnt):
             if scheduler is not None:
                 scheduler.costs = costs

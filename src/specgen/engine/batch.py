@@ -139,14 +139,13 @@ class Batch:
             return
         if len(planned) > 1 and not isinstance(self.costs, OneForward):
             return
-        scheduler = next((s.scheduler for s, _ in planned if s.scheduler is not None
-                          and s.scheduler.observed is not None
-                          and s.scheduler.costs is not None), None)  # fmt: skip
-        if scheduler is None:
-            return
-        table, verify = scheduler.costs, sum(rows for _, rows in parts) - 1
-        if verify <= table.max_drafts:
-            scheduler.observed.record(verify, seconds, self.costs.seconds(table, parts))
+        verify = sum(rows for _, rows in parts) - 1
+        for stepper, _ in planned:  # one record per pipeline: the first that keeps one
+            scheduler = stepper.scheduler
+            if scheduler is not None and scheduler.costs is not None and scheduler.ran(
+                verify, seconds, self.costs.seconds(scheduler.costs, parts)
+            ):
+                return
 
     def _count(self, planned: list[tuple[Stepper, Rows]]) -> None:
         c = self.counters

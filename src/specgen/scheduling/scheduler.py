@@ -187,10 +187,17 @@ class VerifyScheduler:
     def timed(self, context: int, verify: int, seconds: float) -> None:
         """A target forward after `context` tokens, verifying `verify` drafts, took
         `seconds` (with its sampling or verification): kept against the table's price."""
-        if self.observed is None or self.costs is None or self.step_prices is not None:
-            return
-        if verify <= self.costs.max_drafts:
-            self.observed.record(verify, seconds, self.costs.step_second(context, verify))
+        if self.costs is not None and verify <= self.costs.max_drafts:
+            self.ran(verify, seconds, self.costs.step_second(context, verify))
+
+    def ran(self, verify: int, seconds: float, priced: float) -> bool:
+        """A forward of 1 + `verify` rows took `seconds` where the table priced it
+        `priced`: kept in the pipeline's record. False where there is none to keep it in
+        (or the table has no such verify length)."""
+        if self.observed is None or self.costs is None or verify > self.costs.max_drafts:
+            return False
+        self.observed.record(verify, seconds, priced)
+        return True
 
     def _cost(self, source: str | None) -> Callable[[int], float]:
         """A drafter's time to draft k tokens (k <= 0: its longest)."""

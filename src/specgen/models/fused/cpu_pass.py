@@ -121,7 +121,7 @@ class FusedPass:
             if len(self._rows) + len(missing) > self._rows_limit:
                 self._rows.clear()  # a full cache starts over: simple, and rare
             rows = model.embed_tokens(torch.tensor([missing]))[0]
-            self._rows.update(zip(missing, rows.float().unbind(0), strict=True))
+            self._rows.update(zip(missing, rows.unbind(0), strict=True))
         rows = [self._rows[i] for i in ids]
         return (rows[0] if len(rows) == 1 else torch.stack(rows)).reshape(1, len(ids), -1)
 

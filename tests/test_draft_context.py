@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.drafting.context import MAX_PENDING, DraftContext
+from specgen.drafting.context import PENDING_BYTES, DraftContext, pending_limit
 from specgen.models.cache.kv import StaticKVCache
 
 
@@ -47,6 +47,19 @@ def test_lazy_context_equals_eager_extension():
 
 def test_pending_features_are_bounded():
     lazy = DraftContext(_cache(), _extend)
-    for _ in range(MAX_PENDING):
-        lazy.append(torch.zeros(1, 1, 4))
-    assert lazy.cache.length == MAX_PENDING  # projected without waiting for a draft
+    limit = pending_limit(torch.zeros(1, 1, 4))
+    assert limit == PENDING_BYTES // 16  # the bound is in bytes
+    assert limit > lazy.cache.capacity  # so a short answer never projects unasked
+    wide = torch.zeros(1, 1, PENDING_BYTES // 4 // 100)
+    big = DraftContext(
+        StaticKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=wide.shape[-1],
+                      capacity=256, dtype=torch.float32, device="cpu"),
+        lambda cache, f: (cache.write(0, f[:, None], f[:, None]),
+                          cache.commit(cache.length + f.shape[1])),
+    )  # fmt: skip
+    for i in range(pending_limit(wide)):
+        assert big.cache.length == 0  # nothing projected before the bound
+        big.append(wide)
+    assert pending_limit(wide) == 100
+    assert big.cache.length == 100  # projected without waiting for a draft
+    assert big.length == 100

@@ -23,7 +23,16 @@ import torch
 
 from specgen.models.cache.kv import StaticKVCache
 
-MAX_PENDING = 64  # tokens of features held back before they are projected anyway
+PENDING_BYTES = 8 << 20  # features held back before they are projected anyway
+MIN_PENDING = 64  # tokens, whatever their width
+
+
+def pending_limit(features: torch.Tensor) -> int:
+    """Tokens of these features' width that may wait unprojected (728 for the default's
+    DFlash drafter: five tapped layers of 576 floats, a quarter of the target's own K/V per
+    token)."""
+    per_token = features.shape[-1] * features.element_size()
+    return max(MIN_PENDING, PENDING_BYTES // per_token)
 
 
 class DraftContext:
@@ -47,7 +56,7 @@ class DraftContext:
     def append(self, features: torch.Tensor) -> None:  # [1, T, F]
         self._pending.append(features)
         self._pending_tokens += features.shape[1]
-        if self._pending_tokens >= MAX_PENDING:
+        if self._pending_tokens >= pending_limit(features):
             self.ready()
 
     def rollback(self, length: int) -> None:

@@ -11,7 +11,11 @@ configuration (method, clients) runs in turn, round after round (--rounds), so a
 the same machine load: each client sends --requests chat requests one after another
 (by default every prompt of the sample once, client c starting at prompt c, so every
 client count gives each client the same work: the sample's prompts run from 40 to 700
-tokens, and a client count whose clients drew the long ones would look slower), greedy,
+tokens, and a client count whose clients drew the long ones would look slower). Each
+request's message starts with a tag naming its client and place (`tagged`), as distinct
+users' requests differ: without it the clients, in step, asked the prompt another had
+just answered, and a server that keeps answered prompts cached (both do) read each prompt
+once for all eight, which flattered whatever kept the clients in step. Greedy,
 `ignore_eos` with `max_tokens` --max-tokens (every answer the same length, so the work is
 the same whatever the engine says), streamed. Reported per configuration:
 aggregate tokens/s (every answer's tokens / the wall time of the whole run), fastest and
@@ -131,7 +135,7 @@ def run(url: str, method: str | None, clients: int, requests: int, max_tokens: i
     def client(c: int, http: httpx.Client) -> None:
         with http:
             for k in range(requests):  # every client the same prompts, each from its own place
-                prompt = texts[(offset + c + k) % len(texts)]
+                prompt = tagged(c, k, texts[(offset + c + k) % len(texts)])
                 try:
                     answers[c].append((prompt, ask(http, url, prompt, max_tokens, method)))
                 except Exception as e:  # counted, never hidden
@@ -184,6 +188,11 @@ def behind_long_ones(url: str, method: str | None, long_tokens: int, texts: list
     return {"alone": alone, "behind": behind}
 
 
+def tagged(client: int, k: int, prompt: str) -> str:
+    """Client `client`'s `k`th request: `prompt` after a tag of its own."""
+    return f"[request {client}.{k}] {prompt}"
+
+
 def new_client() -> httpx.Client:
     return httpx.Client(timeout=900)
 
@@ -228,8 +237,9 @@ def main() -> None:
         servers["llama-server"] = Served(cmd, url=f"http://127.0.0.1:{port}")
         configs += [("llama-server", None, c) for c in clients if c <= args.llama_parallel]
     results: dict[tuple, list[dict]] = {key: [] for key in configs}
-    used = list(dict.fromkeys(texts[i % len(texts)]
-                              for i in range(max(clients) + args.requests)))  # fmt: skip
+    used = list(dict.fromkeys(tagged(c, k, texts[(c + k) % len(texts)])
+                              for c in range(max(clients))
+                              for k in range(args.requests)))  # fmt: skip
     try:
         # every prompt's answer alone, per method: what each answer at once is held to
         with new_client() as http:

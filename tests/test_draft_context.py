@@ -3,6 +3,7 @@ the pattern of appends and rollbacks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specgen.drafting.context import PENDING_BYTES, DraftContext, pending_limit
@@ -23,7 +24,8 @@ def _extend(cache: StaticKVCache, features: torch.Tensor) -> None:
     cache.commit(cache.length + features.shape[1])
 
 
-def test_lazy_context_equals_eager_extension():
+@pytest.mark.parametrize("in_parts", [False, True], ids=["joined", "in-parts"])
+def test_lazy_context_equals_eager_extension(in_parts: bool):
     gen = torch.Generator().manual_seed(0)
     eager, lazy = _cache(), DraftContext(_cache(), _extend)
     steps = [(5, None), (1, None), (3, 7), (2, None), (1, 9), (4, 3), (70, None), (1, 60)]
@@ -31,7 +33,9 @@ def test_lazy_context_equals_eager_extension():
     for tokens, rollback in steps:  # append T tokens, optionally roll back to a length
         features = torch.randn(1, tokens, 4, generator=gen)
         _extend(eager, features)
-        lazy.append(features)
+        # a drafter's tapped layers arrive apart and are joined along F when projected
+        parts = (features[..., :1], features[..., 1:3], features[..., 3:])
+        lazy.append(parts if in_parts else features)
         if rollback is not None:
             eager.rollback(rollback)
             lazy.rollback(rollback)
@@ -57,7 +61,7 @@ def test_pending_features_are_bounded():
         lambda cache, f: (cache.write(0, f[:, None], f[:, None]),
                           cache.commit(cache.length + f.shape[1])),
     )  # fmt: skip
-    for i in range(pending_limit(wide)):
+    for _ in range(pending_limit(wide)):
         assert big.cache.length == 0  # nothing projected before the bound
         big.append(wide)
     assert pending_limit(wide) == 100

@@ -10,7 +10,7 @@ from specgen.core.config import SamplingParams, VerifyPolicy
 from specgen.core.draft import Draft, DraftOption
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.learning import Schedulers
-from specgen.scheduling.observed import MIN_SAMPLES, WINDOW, ObservedPrices
+from specgen.scheduling.observed import MIN_SAMPLES, MOVE, REFRESH, WINDOW, ObservedPrices
 from specgen.scheduling.scheduler import VerifyScheduler
 
 
@@ -39,6 +39,19 @@ def test_each_verify_length_is_scaled_by_the_median_of_its_last_ratios():
     assert seen.ratio(1) == pytest.approx(1.0 + (2.5 - 1.0) / 3)  # still on the line
 
 
+def test_a_median_that_barely_moves_does_not_make_the_schedulers_price_again():
+    seen = ObservedPrices()
+    for _ in range(MIN_SAMPLES):
+        seen.record(0, 1.2, 1.0)
+    version = seen.version
+    for _ in range(4 * REFRESH):  # ratios within the tolerance: the median stays
+        seen.record(0, 1.2 * (1 + MOVE / 2), 1.0)
+    assert seen.version == version and seen.ratio(0) == 1.2
+    for _ in range(WINDOW):  # a real move is taken at a refresh
+        seen.record(0, 1.5, 1.0)
+    assert seen.version > version and seen.ratio(0) == 1.5
+
+
 def test_drafting_stops_when_verify_blocks_run_dearer_than_the_table_says():
     # the table: 4 rows cost 1.2 plain steps, so drafts accepted 40% of the time pay
     costs = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.15, 1.2),), drafts={"d": (0.05,)})
@@ -60,6 +73,35 @@ def test_drafting_stops_when_verify_blocks_run_dearer_than_the_table_says():
         scheduler.timed(100, 1, 2.2)
     assert scheduler.pick(one, 100) is None  # a plain step (a probe aside)
     assert learnt(seen).pick(one, 100) is None  # the pipeline's record: every new answer's
+
+
+def test_probes_are_paced_by_what_drafting_them_took():
+    """A probe's draft first catches the drafter up on the plain steps it skipped, which
+    the table's draft price leaves out: once probes are seen to take longer, they come
+    further apart, so that they still cost the budget they are paced by."""
+    costs = CostTable(contexts=(100,), seconds=((1.0, 1.5, 1.9, 2.2),), drafts={"d": (0.2,)})
+    one = (DraftOption(),)
+
+    def probes(seconds: float | None, steps: int = 4000) -> int:
+        scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), costs)
+        scheduler.observed = ObservedPrices()
+        made = 0
+        for _ in range(steps):
+            _, room = scheduler.plan(one, 100, 3)
+            if room == 0:
+                continue
+            made += 1
+            if seconds is not None:
+                scheduler.drafted(seconds)
+            draft = scheduler.trim(Draft(tokens=torch.zeros(1, room, dtype=torch.long)), 100)
+            assert draft.probe  # nothing accepted ever: drafting never pays on merit
+            scheduler.record(draft, accepted=0)
+        return made
+
+    as_priced, dearer = probes(None), probes(10.0)
+    assert as_priced > 0 and dearer > 0
+    assert as_priced > 4 * dearer  # a probe 50x dearer than priced: far fewer of them
+    assert probes(0.01) == as_priced  # cheaper than the table says: the table's pace
 
 
 def test_seeded_answers_keep_the_tables_prices():

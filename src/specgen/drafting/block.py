@@ -135,7 +135,7 @@ class BlockDrafter(ResidentDrafter):
         self.context.rollback(length)
 
     def observe(self, tokens: Sequence[int], taps: Mapping[int, torch.Tensor]) -> None:
-        self.context.append(self._features(taps))
+        self.context.append(tuple(taps[i] for i in self.taps))  # joined when projected
 
     def begin_resident(self) -> None:
         self.context.ready()  # what waits is projected now; `observe_at` writes the rest

@@ -27,11 +27,12 @@ PENDING_BYTES = 8 << 20  # features held back before they are projected anyway
 MIN_PENDING = 64  # tokens, whatever their width
 
 
-def pending_limit(features: torch.Tensor) -> int:
-    """Tokens of these features' width that may wait unprojected (728 for the default's
-    DFlash drafter: five tapped layers of 576 floats, a quarter of the target's own K/V per
-    token)."""
-    per_token = features.shape[-1] * features.element_size()
+def pending_limit(features: torch.Tensor | tuple[torch.Tensor, ...]) -> int:
+    """Tokens of these features' width (or their parts' together) that may wait
+    unprojected (728 for the default's DFlash drafter: five tapped layers of 576 floats, a
+    quarter of the target's own K/V per token)."""
+    parts = features if isinstance(features, tuple) else (features,)
+    per_token = sum(p.shape[-1] for p in parts) * parts[0].element_size()
     return max(MIN_PENDING, PENDING_BYTES // per_token)
 
 
@@ -45,7 +46,7 @@ class DraftContext:
         self.cache = cache
         self._extend = extend
         self._extend_at = extend_at  # writes features at a device-resident position
-        self._pending: list[torch.Tensor] = []  # [1, T_i, F] each, in order
+        self._pending: list[tuple[torch.Tensor, ...]] = []  # [1, T_i, F] in parts, in order
         self._pending_tokens = 0
 
     @property
@@ -53,10 +54,14 @@ class DraftContext:
         """Committed tokens this context follows, projected or not."""
         return self.cache.length + self._pending_tokens
 
-    def append(self, features: torch.Tensor) -> None:  # [1, T, F]
-        self._pending.append(features)
-        self._pending_tokens += features.shape[1]
-        if self._pending_tokens >= pending_limit(features):
+    def append(self, features: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+        """Features [1, T, F] of T committed tokens, or their parts [1, T, F_i] (joined
+        along F only when projected: most steps draft nothing, and a join per step was
+        a twentieth of a learned drafter's overhead over a plain step)."""
+        parts = features if isinstance(features, tuple) else (features,)
+        self._pending.append(parts)
+        self._pending_tokens += parts[0].shape[1]
+        if self._pending_tokens >= pending_limit(parts):
             self.ready()
 
     def rollback(self, length: int) -> None:
@@ -68,7 +73,7 @@ class DraftContext:
             self.cache.rollback(length)
             return
         keep = length - self.cache.length  # some of the pending tokens stay
-        features = torch.cat(self._pending, dim=1)[:, :keep]
+        features = self._joined()[:, :keep]
         self._clear()
         if keep:
             self.append(features)
@@ -76,10 +81,14 @@ class DraftContext:
     def ready(self) -> StaticKVCache:
         """The cache with every committed token projected: what a draft attends to."""
         if self._pending:
-            features = torch.cat(self._pending, dim=1)
+            features = self._joined()
             self._clear()
             self._extend(self.cache, features)
         return self.cache
+
+    def _joined(self) -> torch.Tensor:  # [1, pending tokens, F]
+        rows = [p[0] if len(p) == 1 else torch.cat(p, dim=-1) for p in self._pending]
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
 
     def _clear(self) -> None:
         self._pending = []

@@ -138,9 +138,12 @@ def generate_speculative(
     while finish is None:
         room = min(answer.room, cache.free - 1)  # drafts that can matter
         room = draft_room(drafter, scheduler, room, cache.length, anchor, params)
-        proposal = (
-            drafter.propose(anchor, room, params, generator) if room > 0 else empty_draft(device)
-        )
+        proposal = empty_draft(device)
+        if room > 0:
+            drafting = clock.now()
+            proposal = drafter.propose(anchor, room, params, generator)
+            if scheduler is not None:
+                scheduler.drafted(clock.now() - drafting)
         draft = proposal if scheduler is None else scheduler.trim(proposal, cache.length)
         start = cache.length
         # The block is built on the device from the device-resident anchor and the drafts
@@ -165,7 +168,9 @@ def generate_speculative(
             scheduler.timed(start, len(verified), clock.now() - began)
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
-        kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
+        kept = out.taps  # every row stays (a plain step: its one row)
+        if accepted < len(verified):
+            kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
         drafter.observe([anchor, *verified[:accepted]], kept)
         step = [*verified[:accepted], bonus]
         tokens, finish = answer.commit(step, cache.free)

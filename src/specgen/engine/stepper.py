@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.core import clock
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, empty_draft
 from specgen.core.errors import Cancelled
@@ -141,7 +142,10 @@ class Stepper:
                 drafter, self.scheduler, self._room(), self.cache.length, self.anchor, self.params
             )
             if room > 0:
+                drafting = clock.now()
                 proposal = drafter.propose(self.anchor, room, self.params, self.generator)
+                if self.scheduler is not None:
+                    self.scheduler.drafted(clock.now() - drafting)
         scheduler = self.scheduler
         draft = proposal if scheduler is None else scheduler.trim(proposal, self.cache.length)
         self._proposal, self._draft = proposal, draft
@@ -197,7 +201,9 @@ class Stepper:
             self.scheduler.record(draft, accepted, proposal.length)
         self.cache.rollback(self._start + 1 + accepted)  # anchor + accepted drafts stay
         if self.drafter is not None:
-            kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
+            kept = out.taps  # every row stays (a plain step: its one row)
+            if accepted < len(verified):
+                kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
             self.drafter.observe([self.anchor, *verified[:accepted]], kept)
         step = [*verified[:accepted], bonus]
         tokens, finish = self.answer.commit(step, self.cache.free)

@@ -33,6 +33,10 @@ WINDOW = 15  # ratios per verify length: the median of the last ones (a busy mac
 # heavy-tailed, and the load changes)
 MIN_SAMPLES = 3  # ratios a verify length needs before its own decides
 REFRESH = 4  # a length's median is taken again every this many ratios (it is read each step)
+# a median that moved less than this keeps its old value: every change makes the schedulers
+# price their options again (80 us on the CPU), and the ratios' own noise is larger (at 1%
+# a fifth of a learned drafter's plain steps still priced again)
+MOVE = 0.03
 
 
 class ObservedPrices:
@@ -44,6 +48,8 @@ class ObservedPrices:
         self._counts: dict[int, int] = {}
         self.version = 0  # moves when a median does: schedulers re-price then
         self._table: tuple[tuple[int, int], CostTable] | None = None  # `corrected`'s last
+        self._probes: dict[str | None, deque[float]] = {}  # by drafter: probe draft seconds
+        self._probe_medians: dict[str | None, float] = {}
 
     def record(self, verify: int, seconds: float, priced: float) -> None:
         """A forward verifying `verify` drafts took `seconds`; the table priced it `priced`."""
@@ -52,9 +58,35 @@ class ObservedPrices:
         seen = self._ratios.setdefault(verify, deque(maxlen=WINDOW))
         seen.append(seconds / priced)
         count = self._counts[verify] = self._counts.get(verify, 0) + 1
-        if len(seen) >= MIN_SAMPLES and (verify not in self._medians or count % REFRESH == 0):
-            self._medians[verify] = statistics.median(seen)
+        if len(seen) < MIN_SAMPLES:
+            return
+        known = self._medians.get(verify)
+        if known is not None and count % REFRESH:
+            return
+        median = statistics.median(seen)
+        if known is None or abs(median - known) > MOVE * known:
+            self._medians[verify] = median
             self.version += 1
+
+    def probed(self, source: str | None, seconds: float) -> None:
+        """Drafting a probe with drafter `source` took `seconds`. A probe comes after a
+        run of plain steps, so its draft first catches the drafter up on what it skipped
+        (a learned drafter projects every token since its last draft): 7.5 ms for the
+        default's DFlash drafter against its table's 1.5, so probes paced by the table
+        cost two to three times their budget."""
+        if seconds <= 0:
+            return
+        seen = self._probes.setdefault(source, deque(maxlen=WINDOW))
+        seen.append(seconds)
+        median = statistics.median(seen)
+        known = self._probe_medians.get(source)
+        if known is None or abs(median - known) > MOVE * known:
+            self._probe_medians[source] = median
+            self.version += 1
+
+    def probe_seconds(self, source: str | None) -> float | None:
+        """What drafting a probe with `source` has taken (the median of its last ones)."""
+        return self._probe_medians.get(source)
 
     def ratio(self, verify: int) -> float | None:
         """How much dearer than the table this verify length runs (None: nothing seen yet):

@@ -42,7 +42,7 @@ PROBE_AFTER = 4  # plain steps before the first probe draft (then doubling, see 
 PROBE_LENGTH = 3  # drafts a probe verifies, whatever the estimates say
 PROBE_BUDGET = 0.02  # probes that teach nothing new cost at most this share of decoding
 SWITCH_MARGIN = 0.05  # another drafter must be expected this much faster to take over
-# `pick` prices its options again when what it knows changes, or the context moves on by
+# `pick` prices its options again when what it learnt changes, or the context moves on by
 # this many tokens (prices change with it by well under 1% here): pricing every step was
 # 80 us of a 3.5 ms CPU step
 PRICE_GRAIN = 16
@@ -134,16 +134,13 @@ class VerifyScheduler:
         expected tokens per second, or None when none is expected to beat a plain decoding
         step (then call `skipped`), save for a probe (`Probes`)."""
         assert self.costs is not None and options
-        steps, prices, lengths, best = self._pricing(options, context)
+        steps, prices, lengths, best, probe_cap = self._pricing(options, context)
         option = options[best]
         self._picked, self._planned = option, lengths[best]
         if prices[best] > 1.0 / steps[0]:
             self.probes.after = PROBE_AFTER
             return option.bucket
-        probed = 0 if option.confidences else PROBE_LENGTH  # 0: its longest
-        extra = self._cost(option.source)(probed) - steps[0]
-        extra += steps[min(PROBE_LENGTH, len(steps) - 1)]
-        if not self.probes.due(max(PROBE_AFTER, math.ceil(extra / (PROBE_BUDGET * steps[0])))):
+        if not self.probes.due(probe_cap):
             self._picked = None
             return None
         self.probes.pending = True
@@ -151,19 +148,33 @@ class VerifyScheduler:
         return option.bucket
 
     def _pricing(self, options: Sequence[DraftOption], context: int) -> tuple:
-        """`pick`'s step prices, option prices and lengths, and best option, kept while
-        nothing they depend on moves (see PRICE_GRAIN)."""
+        """`pick`'s step prices, option prices and lengths, best option and the longest
+        run of plain steps between its probes, kept while nothing they depend on moves
+        (see PRICE_GRAIN)."""
         key = None
         if self.step_prices is None:  # (a batch's prices are new every step)
-            seen = None if self.observed is None else self.observed.version
-            key = (tuple(options), context // PRICE_GRAIN, self._learnt, id(self.costs), seen)
+            # (what the forwards showed, `observed`, is taken up at the next grain: its
+            # medians move with the machine's noise, and pricing again at each move was
+            # a tenth of a learned drafter's plain steps)
+            key = (tuple(options), context // PRICE_GRAIN, self._learnt, id(self.costs))
             if self._priced is not None and self._priced[0] == key:
                 return self._priced[1]
         steps = self._steps(context)
         prices, lengths = zip(*(self._price(o, steps) for o in options), strict=True)
-        priced = (steps, prices, lengths, self._best(options, list(prices), steps))
+        best = self._best(options, list(prices), steps)
+        priced = (steps, prices, lengths, best, self._probe_cap(options[best], steps))
         self._priced = None if key is None else (key, priced)
         return priced
+
+    def _probe_cap(self, option: DraftOption, steps: list[float]) -> int:
+        """The run of plain steps at which a probe of `option` costs `PROBE_BUDGET` of
+        them (its draft and verify block over a plain step's time)."""
+        probed = 0 if option.confidences else PROBE_LENGTH  # 0: its longest
+        draft = self._cost(option.source)(probed)
+        seen = None if self.observed is None else self.observed.probe_seconds(option.source)
+        extra = max(draft, seen or 0.0) - steps[0]
+        extra += steps[min(PROBE_LENGTH, len(steps) - 1)]
+        return max(PROBE_AFTER, math.ceil(extra / (PROBE_BUDGET * steps[0])))
 
     def price(self, option: DraftOption, context: int) -> float:
         """The expected tokens per second of drafting with `option` now, as `pick` and
@@ -189,6 +200,12 @@ class VerifyScheduler:
         `seconds` (with its sampling or verification): kept against the table's price."""
         if self.costs is not None and verify <= self.costs.max_drafts:
             self.ran(verify, seconds, self.costs.step_second(context, verify))
+
+    def drafted(self, seconds: float) -> None:
+        """The draft `plan` asked for took `seconds` to make: a probe's is kept in the
+        pipeline's record (where it keeps one), so probes are paced by what they cost."""
+        if self.probes.pending and self.observed is not None and self._picked is not None:
+            self.observed.probed(self._picked.source, seconds)
 
     def ran(self, verify: int, seconds: float, priced: float) -> bool:
         """A forward of 1 + `verify` rows took `seconds` where the table priced it

@@ -12,8 +12,8 @@ the same machine load: each client sends --requests chat requests one after anot
 (by default every prompt of the sample once, client c starting at prompt c, so every
 client count gives each client the same work: the sample's prompts run from 40 to 700
 tokens, and a client count whose clients drew the long ones would look slower). Each
-request's message starts with a tag naming its client and place (`tagged`), as distinct
-users' requests differ: without it the clients, in step, asked the prompt another had
+request's message starts with a tag naming its run, client and place (`tagged`), as
+distinct users' requests differ: without it the clients, in step, asked the prompt another had
 just answered, and a server that keeps answered prompts cached (both do) read each prompt
 once for all eight, which flattered whatever kept the clients in step. Greedy,
 `ignore_eos` with `max_tokens` --max-tokens (every answer the same length, so the work is
@@ -21,7 +21,8 @@ the same whatever the engine says), streamed. Reported per configuration:
 aggregate tokens/s (every answer's tokens / the wall time of the whole run), fastest and
 median over rounds, as a ratio to one client of the same method and, at the clients
 llama-server has slots for, to it; the mean time to first token. Every specgen greedy
-answer is checked against the same method's answer to the same prompt asked alone first.
+answer is checked against the same method's answer to the same prompt asked alone after
+the timed runs.
 
 Then the latency of a short request behind long ones: three clients start long answers
 (--long-tokens), and once all three are decoding a short one is sent; its time to first
@@ -98,9 +99,9 @@ class Served:
 
 def ask(http: httpx.Client, url: str, prompt: str, max_tokens: int, method: str | None) -> dict:
     """One streamed chat request: its text, tokens, time to first token, total time.
-    `http`: the client's own connection, kept between its requests as real clients keep
-    theirs (a new `httpx` client per request built a TLS context each time: 20 ms of CPU
-    a request, a fifth of the 2 cores at 8 clients, taken from the server being timed)."""
+    `http`: the client's own `httpx` client, kept between its requests as real clients
+    keep theirs (a new one per request built a TLS context each time: 20 ms of CPU a
+    request, a fifth of the 2 cores at 8 clients, taken from the server being timed)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
@@ -127,15 +128,16 @@ def ask(http: httpx.Client, url: str, prompt: str, max_tokens: int, method: str 
 
 
 def run(url: str, method: str | None, clients: int, requests: int, max_tokens: int,
-        texts: list[str], offset: int) -> dict:  # fmt: skip
-    """`clients` clients at once, `requests` each: aggregate figures and every answer."""
+        texts: list[str], round_: int) -> dict:  # fmt: skip
+    """`clients` clients at once, `requests` each, in round `round_`: aggregate figures and
+    every answer."""
     answers: list[list[tuple[str, dict]]] = [[] for _ in range(clients)]
     errors: list[str] = []
 
     def client(c: int, http: httpx.Client) -> None:
         with http:
             for k in range(requests):  # every client the same prompts, each from its own place
-                prompt = tagged(c, k, texts[(offset + c + k) % len(texts)])
+                prompt = tagged(f"{round_}.{clients}", c, k, texts[(c + k) % len(texts)])
                 try:
                     answers[c].append((prompt, ask(http, url, prompt, max_tokens, method)))
                 except Exception as e:  # counted, never hidden
@@ -156,22 +158,28 @@ def run(url: str, method: str | None, clients: int, requests: int, max_tokens: i
             "answers": done, "errors": errors}  # fmt: skip
 
 
-def behind_long_ones(url: str, method: str | None, long_tokens: int, texts: list[str]) -> dict:
+def behind_long_ones(url: str, method: str | None, long_tokens: int, texts: list[str],
+                     round_: int) -> dict:  # fmt: skip
     """A short request's time to first token alone, and sent once three long answers are
-    decoding."""
+    decoding (every request tagged anew, so none finds its prompt cached)."""
     short = "What is the capital of France?"
+    run = f"{method}.{round_}"
     http = new_client()
-    alone = ask(http, url, short, 8, method)["ttft"]
+    alone = ask(http, url, tagged(f"short.{run}", 0, 0, short), 8, method)["ttft"]
     firsts = [threading.Event() for _ in range(3)]
 
     def long_one(i: int) -> None:
-        body = {"messages": [{"role": "user", "content": texts[i]}], "max_tokens": long_tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {"messages": [{"role": "user", "content": tagged(f"long.{run}", i, 0, texts[i])}],
+                "max_tokens": long_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}  # fmt: skip
         if method is not None:
             body["specgen"] = {"method": method}
         with longs[i].stream("POST", url + "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
+            for line in r.iter_lines():  # decoding once text came (the first chunk
+                if not line.startswith("data: {"):  # may be a role alone, sent at once)
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
                     firsts[i].set()
 
     longs = [new_client() for _ in range(3)]
@@ -180,7 +188,7 @@ def behind_long_ones(url: str, method: str | None, long_tokens: int, texts: list
         t.start()
     for e in firsts:
         e.wait(600)
-    behind = ask(http, url, short, 8, method)["ttft"]
+    behind = ask(http, url, tagged(f"short.{run}", 0, 1, short), 8, method)["ttft"]
     for t in threads:
         t.join()
     for h in (http, *longs):
@@ -188,13 +196,18 @@ def behind_long_ones(url: str, method: str | None, long_tokens: int, texts: list
     return {"alone": alone, "behind": behind}
 
 
-def tagged(client: int, k: int, prompt: str) -> str:
-    """Client `client`'s `k`th request: `prompt` after a tag of its own."""
-    return f"[request {client}.{k}] {prompt}"
+def tagged(run: str, client: int, k: int, prompt: str) -> str:
+    """Client `client`'s `k`th request in `run` (a round and a client count): `prompt` after
+    a tag of its own, new in each run (llama-server keeps earlier prompts in memory, and
+    would read a run's prompts from an earlier run's)."""
+    return f"[request {run}.{client}.{k}] {prompt}"
 
 
 def new_client() -> httpx.Client:
-    return httpx.Client(timeout=900)
+    """A client whose requests each open a new connection (a loopback connect is cheap;
+    llama-server drops idle kept-alive ones, and a request sent on one that was dropped
+    fails) but share one TLS context."""
+    return httpx.Client(timeout=900, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def load() -> str:
@@ -237,26 +250,28 @@ def main() -> None:
         servers["llama-server"] = Served(cmd, url=f"http://127.0.0.1:{port}")
         configs += [("llama-server", None, c) for c in clients if c <= args.llama_parallel]
     results: dict[tuple, list[dict]] = {key: [] for key in configs}
-    used = list(dict.fromkeys(tagged(c, k, texts[(c + k) % len(texts)])
-                              for c in range(max(clients))
-                              for k in range(args.requests)))  # fmt: skip
     try:
-        # every prompt's answer alone, per method: what each answer at once is held to
-        with new_client() as http:
-            alone = {m: {p: ask(http, servers["specgen"].url, p, args.max_tokens, m)["text"]
-                         for p in used} for m in methods}  # fmt: skip
         for r in range(args.rounds):
             for key in configs if r % 2 == 0 else configs[::-1]:
                 name, method, n = key
-                got = run(servers[name].url, method, n, args.requests, args.max_tokens, texts, 0)
+                got = run(servers[name].url, method, n, args.requests, args.max_tokens, texts, r)
                 results[key].append(got)
                 print(f"round {r}: {name} {method or ''} x{n}: {got['tokens_per_second']:.1f} "
                       f"tok/s, errors {len(got['errors'])}", flush=True)  # fmt: skip
         latency = {}
         for method in methods:
-            runs = [behind_long_ones(servers["specgen"].url, method, args.long_tokens, texts)
-                    for _ in range(args.rounds)]  # fmt: skip
+            runs = [behind_long_ones(servers["specgen"].url, method, args.long_tokens, texts, r)
+                    for r in range(args.rounds)]  # fmt: skip
             latency[method] = {k: min(x[k] for x in runs) for k in ("alone", "behind")}
+        # every answer's answer alone, per method (what each answer at once is held to),
+        # asked after the timed runs so that none of them finds its prompt cached
+        alone: dict[str, dict[str, str]] = {m: {} for m in methods}
+        with new_client() as http:
+            for (name, method, _), runs in results.items():
+                for p, _ in (a for x in runs for a in x["answers"] if name == "specgen"):
+                    if p not in alone[method]:
+                        alone[method][p] = ask(http, servers["specgen"].url, p,
+                                               args.max_tokens, method)["text"]  # fmt: skip
     finally:
         for s in servers.values():
             s.stop()
@@ -296,6 +311,9 @@ def report(results: dict, latency: dict, alone: dict, clients: list[int], args) 
         same = f"{identical[0]}/{identical[1]}" if identical else ""
         print(f"{name:<13}{method:<8}{n:>8}{best:>12.1f}{median:>9.1f}{x1:>11}{xl:>9}"
               f"{ttft:>8.2f}{errors:>7}  {same}")  # fmt: skip
+    for (name, method, n), runs in results.items():  # what went wrong, never hidden
+        for error in sorted({e for x in runs for e in x["errors"]})[:3]:
+            print(f"error, {name} {method or ''} x{n}: {error}")
     print("\nshort request behind three long ones (time to first token, fastest of rounds):")
     for method, t in latency.items():
         print(

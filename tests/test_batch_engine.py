@@ -131,6 +131,66 @@ def test_prompts_read_in_chunks_between_the_others_steps(pipes, monkeypatch):
     assert order[:6] == [True] * 6  # the short answer was done while the long prompt was read
 
 
+def test_prompts_read_together_share_a_budget_of_rows(pipes, monkeypatch):
+    """Three long prompts and a short one arriving together: each step reads at most one
+    chunk's worth of prompt rows (the first prompt chosen always runs), the short prompt
+    first, a prompt held back `PATIENCE` steps goes first, and every answer is its own."""
+    from specgen.engine import batch as batch_module
+
+    pipe = pipes["ar"]
+    chunked = prefill_module.bounds
+    monkeypatch.setattr(prefill_module, "bounds", lambda n, size=8: chunked(n, 8))
+    longs = [" ".join([w] * 12) for w in ("red", "green", "blue")]  # several chunks each
+    texts = [*longs, "Hello"]
+    want = [alone(pipe, t, max_new_tokens=5) for t in texts]
+    reads: list[int] = []  # prompt rows each step read
+    forward_all = batch_module.forward_all
+
+    def counted(planned):
+        reads.append(sum(len(rows.tokens) for rows in planned if rows.prefill))
+        return forward_all(planned)
+
+    monkeypatch.setattr(batch_module, "forward_all", counted)
+    streams = Streams(pipe, parallel=4, chunk=8)
+    opened = [streams.open(pipe.encode(t, raw=True), max_new_tokens=5) for t in texts]
+    out: dict[int, list[int]] = {id(s): [] for s in opened}
+    first_token: dict[int, int] = {}
+    step = 0
+    while streams.active:
+        for stream, chunk in streams.step():
+            out[id(stream)] += chunk.token_ids
+            first_token.setdefault(id(stream), step)
+        step += 1
+    assert [out[id(s)] for s in opened] == want
+    assert max(reads) <= 8  # one chunk's worth a step (chunks here are at most 8 rows)
+    short = first_token[id(opened[-1])]
+    assert short == 0 and all(first_token[id(s)] > short for s in opened[:-1])
+    assert len(reads) > 4 * 3  # the long prompts took turns: their chunks were not one step
+
+
+def test_a_prompt_held_back_goes_first_after_patience():
+    """Short prompts arriving every step never keep a long one waiting for good."""
+    from types import SimpleNamespace
+
+    from specgen.engine.batch import PATIENCE
+
+    def reading(left: int, rows: int):
+        return SimpleNamespace(prefilling=True, prompt_left=left, rows_now=lambda: rows)
+
+    batch = Batch(prompt_rows=8)
+    long = reading(100, 8)
+    held_steps = 0
+    for _ in range(PATIENCE + 1):
+        short = reading(4, 4)  # a new short prompt each step: it would always go first
+        held = batch._hold([long, short])
+        if id(long) in held:
+            held_steps += 1
+        else:
+            assert id(short) in held  # the long one went first; the short waits its turn
+            break
+    assert held_steps == PATIENCE
+
+
 def test_closing_an_answer_frees_its_slot_and_keeps_its_cache(pipes):
     pipe = pipes["ar"]
     streams = Streams(pipe, parallel=1)

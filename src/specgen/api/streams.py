@@ -96,7 +96,7 @@ class Streams:
         # one pass for every answer's rows where the target can: a step is then priced
         # as one forward of all of them, else as each answer's own forward
         shared = next(iter(self.pipes.values())).model.shared_passes
-        self.batch = Batch(OneForward() if shared else None)
+        self.batch = Batch(OneForward() if shared else None, prompt_rows=chunk)
         self.active: list[Stream] = []
         self._idle: dict[str, list[Session]] = {m: [] for m in self.pipes}  # last: newest
         self._made: dict[str, int] = dict.fromkeys(self.pipes, 0)

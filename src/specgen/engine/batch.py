@@ -18,6 +18,14 @@ observed.py), a seeded answer excepted.
 
 A failure belongs to the answer it happened in (its `Outcome` carries the error, the
 others go on); only a forward that fails fails every answer in it.
+
+Prompts being read share a budget of rows per step (`prompt_rows`, one chunk's worth):
+three long prompts arriving together made steps of three 512-row chunks, a third of a
+second on two cores for every answer decoding beside them, and for a short request sent
+behind them. Within the budget the prompt with the least left to read goes first (a short
+request is read before a long one's next chunk), unless another has waited `PATIENCE`
+steps; a prompt held back just does not take a chunk this step (its chunks stay as they
+are, so its answer is the same), and the first one chosen always runs.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ class Outcome:
     error: Exception | None = None
 
 
+PATIENCE = 4  # steps a prompt can be held back before it goes first
+
+
 @dataclass
 class Counters:
     """What the steps ran (the server's /metrics)."""
@@ -64,18 +75,22 @@ class Counters:
 class Batch:
     """Steps several answers together; `costs` says how a shared step is priced."""
 
-    def __init__(self, costs: RowCosts | None = None) -> None:
+    def __init__(self, costs: RowCosts | None = None, prompt_rows: int | None = None) -> None:
         self.costs: RowCosts = costs or SeparateForwards()
+        self.prompt_rows = prompt_rows  # prompt rows per step, all answers' (None: no bound)
         self.counters = Counters()
         self._turn = 0
         self._decoding: set[int] = set()
+        self._held: dict[int, int] = {}  # id(stepper) -> steps its prompt was held back
 
     @torch.inference_mode()
     def step(self, steppers: Sequence[Stepper]) -> list[Outcome]:
         """One step of every answer in `steppers` (none of them done); outcomes in order."""
-        live = list(steppers)
-        if not live:
+        everyone = list(steppers)
+        if not everyone:
             return []
+        held = self._hold(everyone)
+        live = [s for s in everyone if id(s) not in held]
         first = self._turn % len(live)
         self._turn += 1
         order = live[first:] + live[:first]
@@ -104,13 +119,32 @@ class Batch:
         except Exception as e:  # the forward all of them were in
             for stepper, _ in planned:
                 outcomes[id(stepper)] = Outcome(stepper, error=e)
-            return [outcomes[id(s)] for s in live]
+            return [outcomes.get(id(s), Outcome(s)) for s in everyone]
         for (stepper, _), out in zip(planned, outs, strict=True):
             try:
                 outcomes[id(stepper)] = Outcome(stepper, stepper.finish(out))
             except Exception as e:
                 outcomes[id(stepper)] = Outcome(stepper, error=e)
-        return [outcomes[id(s)] for s in live]
+        return [outcomes.get(id(s), Outcome(s)) for s in everyone]  # held back: nothing
+
+    def _hold(self, steppers: list[Stepper]) -> set[int]:
+        """The prompts held back this step (ids): those past the budget of prompt rows."""
+        reading = [s for s in steppers if s.prefilling]
+        self._held = {k: n for k, n in self._held.items() if k in {id(s) for s in reading}}
+        if self.prompt_rows is None or len(reading) < 2:
+            return set()
+        order = sorted(reading, key=lambda s: (self._held.get(id(s), 0) < PATIENCE,
+                                               s.prompt_left, reading.index(s)))  # fmt: skip
+        left, held = self.prompt_rows, set()
+        for i, stepper in enumerate(order):
+            rows = stepper.rows_now()
+            if i == 0 or rows <= left:
+                left -= rows
+                self._held.pop(id(stepper), None)
+            else:
+                held.add(id(stepper))
+                self._held[id(stepper)] = self._held.get(id(stepper), 0) + 1
+        return held
 
     def _price(self, stepper: Stepper, parts: dict[int, Part]) -> None:
         """Hand `stepper`'s scheduler the prices of this step as planned so far, when it

@@ -109,6 +109,11 @@ class Stepper:
         """Tokens in the target cache (the anchor not among them)."""
         return self.cache.length
 
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to read."""
+        return sum(end - start for start, end in self.chunks)
+
     def rows_now(self) -> int:
         """The rows this step runs before any drafts: a prefill chunk's, else 1."""
         if self.chunks:

@@ -130,11 +130,14 @@ class Batch:
     def _hold(self, steppers: list[Stepper]) -> set[int]:
         """The prompts held back this step (ids): those past the budget of prompt rows."""
         reading = [s for s in steppers if s.prefilling]
-        self._held = {k: n for k, n in self._held.items() if k in {id(s) for s in reading}}
+        ids = {id(s) for s in reading}
+        self._held = {k: n for k, n in self._held.items() if k in ids}
         if self.prompt_rows is None or len(reading) < 2:
             return set()
-        order = sorted(reading, key=lambda s: (self._held.get(id(s), 0) < PATIENCE,
-                                               s.prompt_left, reading.index(s)))  # fmt: skip
+        order = [s for _, _, _, s in sorted(
+            (self._held.get(id(s), 0) < PATIENCE, s.prompt_left, i, s)
+            for i, s in enumerate(reading)
+        )]  # fmt: skip
         left, held = self.prompt_rows, set()
         for i, stepper in enumerate(order):
             rows = stepper.rows_now()

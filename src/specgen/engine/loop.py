@@ -104,6 +104,24 @@ def draft_room(
     return room
 
 
+def propose(drafter: Drafter, scheduler: VerifyScheduler | None, anchor: int, room: int,
+            params: SamplingParams, generator: torch.Generator | None) -> Draft:  # fmt: skip
+    """`drafter`'s draft of `room` tokens after `anchor`, its time told to the scheduler
+    (a probe's paces the probes)."""
+    began = clock.now()
+    proposal = drafter.propose(anchor, room, params, generator)
+    if scheduler is not None:
+        scheduler.drafted(clock.now() - began)
+    return proposal
+
+
+def kept_taps(taps: dict[int, torch.Tensor], accepted: int, verified: int) -> dict:
+    """A verify block's tapped rows that stay: the anchor's and the accepted drafts'."""
+    if accepted == verified:  # every row (a plain step: its one row)
+        return taps
+    return {layer: h[:, : 1 + accepted] for layer, h in taps.items()}
+
+
 @torch.inference_mode()
 def generate_speculative(
     model: Transformer,
@@ -140,10 +158,7 @@ def generate_speculative(
         room = draft_room(drafter, scheduler, room, cache.length, anchor, params)
         proposal = empty_draft(device)
         if room > 0:
-            drafting = clock.now()
-            proposal = drafter.propose(anchor, room, params, generator)
-            if scheduler is not None:
-                scheduler.drafted(clock.now() - drafting)
+            proposal = propose(drafter, scheduler, anchor, room, params, generator)
         draft = proposal if scheduler is None else scheduler.trim(proposal, cache.length)
         start = cache.length
         # The block is built on the device from the device-resident anchor and the drafts
@@ -168,9 +183,7 @@ def generate_speculative(
             scheduler.timed(start, len(verified), clock.now() - began)
             scheduler.record(draft, accepted, proposal.length)
         cache.rollback(start + 1 + accepted)  # anchor + accepted drafts stay
-        kept = out.taps  # every row stays (a plain step: its one row)
-        if accepted < len(verified):
-            kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
+        kept = kept_taps(out.taps, accepted, len(verified))
         drafter.observe([anchor, *verified[:accepted]], kept)
         step = [*verified[:accepted], bonus]
         tokens, finish = answer.commit(step, cache.free)

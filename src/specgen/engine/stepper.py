@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.core import clock
 from specgen.core.config import SamplingParams
 from specgen.core.draft import Draft, empty_draft
 from specgen.core.errors import Cancelled
 from specgen.core.events import StepEvent
 from specgen.engine.answer import Answer, reported
-from specgen.engine.loop import draft_room
+from specgen.engine.loop import draft_room, kept_taps, propose
 from specgen.engine.prefill import CHUNK, bounds
 from specgen.engine.session import Session
 from specgen.models.cache.kv import StaticKVCache
@@ -147,10 +146,9 @@ class Stepper:
                 drafter, self.scheduler, self._room(), self.cache.length, self.anchor, self.params
             )
             if room > 0:
-                drafting = clock.now()
-                proposal = drafter.propose(self.anchor, room, self.params, self.generator)
-                if self.scheduler is not None:
-                    self.scheduler.drafted(clock.now() - drafting)
+                proposal = propose(
+                    drafter, self.scheduler, self.anchor, room, self.params, self.generator
+                )
         scheduler = self.scheduler
         draft = proposal if scheduler is None else scheduler.trim(proposal, self.cache.length)
         self._proposal, self._draft = proposal, draft
@@ -206,9 +204,7 @@ class Stepper:
             self.scheduler.record(draft, accepted, proposal.length)
         self.cache.rollback(self._start + 1 + accepted)  # anchor + accepted drafts stay
         if self.drafter is not None:
-            kept = out.taps  # every row stays (a plain step: its one row)
-            if accepted < len(verified):
-                kept = {layer: h[:, : 1 + accepted] for layer, h in out.taps.items()}
+            kept = kept_taps(out.taps, accepted, len(verified))
             self.drafter.observe([self.anchor, *verified[:accepted]], kept)
         step = [*verified[:accepted], bonus]
         tokens, finish = self.answer.commit(step, self.cache.free)

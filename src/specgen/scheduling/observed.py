@@ -58,14 +58,9 @@ class ObservedPrices:
         seen = self._ratios.setdefault(verify, deque(maxlen=WINDOW))
         seen.append(seconds / priced)
         count = self._counts[verify] = self._counts.get(verify, 0) + 1
-        if len(seen) < MIN_SAMPLES:
+        if len(seen) < MIN_SAMPLES or (verify in self._medians and count % REFRESH):
             return
-        known = self._medians.get(verify)
-        if known is not None and count % REFRESH:
-            return
-        median = statistics.median(seen)
-        if known is None or abs(median - known) > MOVE * known:
-            self._medians[verify] = median
+        if _settle(self._medians, verify, seen):
             self.version += 1
 
     def probed(self, source: str | None, seconds: float) -> None:
@@ -78,11 +73,7 @@ class ObservedPrices:
             return
         seen = self._probes.setdefault(source, deque(maxlen=WINDOW))
         seen.append(seconds)
-        median = statistics.median(seen)
-        known = self._probe_medians.get(source)
-        if known is None or abs(median - known) > MOVE * known:
-            self._probe_medians[source] = median
-            self.version += 1
+        _settle(self._probe_medians, source, seen)  # (`pick` reads it at its next grain)
 
     def probe_seconds(self, source: str | None) -> float | None:
         """What drafting a probe with `source` has taken (the median of its last ones)."""
@@ -118,3 +109,13 @@ class ObservedPrices:
         made = replace(table, seconds=seconds)
         self._table = (key, made)
         return made
+
+
+def _settle(medians: dict, key, seen: deque[float]) -> bool:
+    """`medians[key]` set to the median of `seen` unless that moved it by `MOVE` or less;
+    whether it moved."""
+    median, known = statistics.median(seen), medians.get(key)
+    if known is not None and abs(median - known) <= MOVE * known:
+        return False
+    medians[key] = median
+    return True

@@ -146,3 +146,42 @@ def test_separate_passes_on_request(tiny_qwen3_deep, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CPU_PASS", "separate")  # each answer its own fused pass
     assert not model.shared_passes and not model.shares_pass(model.new_cache(8), 1)
     assert FusedPass.of(model) is not None
+
+
+def test_streams_read_prompts_in_short_chunks_with_the_bits_of_one_forward(
+    tiny_qwen3_deep, tmp_path, monkeypatch
+):
+    """On a shared pass a prompt is read 64 rows a step (a request sent meanwhile waits for
+    one short step), and its answer is the one a single 512-row forward gives."""
+    from specgen.api.loader import Decoding, Target
+    from specgen.api.pipeline import Pipeline
+    from specgen.engine.prefill import SHARED_CHUNK
+
+    model = packed(tiny_qwen3_deep, tmp_path, "q4_1")
+    base = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    pipe = Pipeline._of(Target(model, base.codec, "tiny-gguf", base.context, "test"),
+                        Decoding(SpecConfig()))  # fmt: skip
+    ids = pipe.encode(" ".join(f"w{i % 37}" for i in range(40)), raw=True)
+    assert 2 * SHARED_CHUNK < len(ids) <= 512  # alone: one forward
+    want = []
+    for chunk in pipe.stream_ids(ids, session=pipe.new_session(), max_new_tokens=8):
+        want += chunk.token_ids
+    rows: list[int] = []
+    real = FusedPass.run_many
+
+    def counted(self, model, parts, taps):
+        rows.append(sum(len(tokens) for tokens, _, _ in parts))
+        return real(self, model, parts, taps)
+
+    streams = Streams(pipe, parallel=2)
+    assert streams.chunk == SHARED_CHUNK
+    stream = streams.open(ids, max_new_tokens=8)
+    other = streams.open(pipe.encode("Hello", raw=True), max_new_tokens=4)
+    got: dict[int, list[int]] = {id(stream): [], id(other): []}
+    monkeypatch.setattr(FusedPass, "run_many", counted)
+    while streams.active:
+        for s, chunk in streams.step():
+            assert not isinstance(chunk, Exception), chunk
+            got[id(s)] += chunk.token_ids
+    assert got[id(stream)] == want and len(got[id(other)]) == 4
+    assert max(rows) <= SHARED_CHUNK + 1  # a chunk and the other answer's decode row

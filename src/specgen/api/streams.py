@@ -31,7 +31,7 @@ from specgen.core.errors import OptionError, SpecgenError
 from specgen.core.events import StepEvent, TokenLogprob
 from specgen.core.stats import GenStats
 from specgen.engine.batch import Batch, Counters
-from specgen.engine.prefill import CHUNK
+from specgen.engine.prefill import CHUNK, SHARED_CHUNK
 from specgen.engine.session import Session
 from specgen.engine.stepper import Stepper
 from specgen.scheduling.batch import OneForward
@@ -82,7 +82,7 @@ class Streams:
         pipes: Pipeline | Mapping[str, Pipeline],
         parallel: int = DEFAULT_PARALLEL,
         *,
-        chunk: int = CHUNK,
+        chunk: int | None = None,
     ) -> None:
         if parallel < 1:
             raise OptionError("parallel", "must be at least 1", parallel)
@@ -92,10 +92,14 @@ class Streams:
             raise SpecgenError("Streams needs at least one pipeline")
         self.pipes = dict(pipes)
         self.parallel = parallel
-        self.chunk = chunk  # prompt tokens per prefill chunk (engine/prefill.py)
         # one pass for every answer's rows where the target can: a step is then priced
         # as one forward of all of them, else as each answer's own forward
         shared = next(iter(self.pipes.values())).model.shared_passes
+        if chunk is None:  # short chunks only where they leave every row's bits as they are
+            chunk = SHARED_CHUNK if shared else CHUNK
+        if chunk < 1:
+            raise OptionError("chunk", "must be at least 1", chunk)
+        self.chunk = chunk  # prompt tokens per prefill chunk (engine/prefill.py)
         self.batch = Batch(OneForward() if shared else None, prompt_rows=chunk)
         self.active: list[Stream] = []
         self._idle: dict[str, list[Session]] = {m: [] for m in self.pipes}  # last: newest

@@ -6,7 +6,8 @@ One worker process per tree (its `src/` first on the path) loads the embedded de
 per method; the prompts then go to the trees in turn, alternating which tree answers
 first, so both see the same machine load. Reported per method: each tree's decode
 tokens/s (median over prompts), the ratio new/base, and how many answers were
-token-identical across the trees. The last line is one JSON object.
+token-identical across the trees, and the same with the prompt's reading counted. The
+last line is one JSON object. `--suite` takes another prompt file (jsonl with "turns").
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ for line in sys.stdin:
         tokens.extend(chunk.token_ids)
         stats = chunk.stats
     decode = stats.seconds - (stats.ttft_seconds or 0.0)
-    print(json.dumps({"tokens": tokens, "decode_tps": (stats.new_tokens - 1) / decode}),
+    print(json.dumps({"tokens": tokens, "decode_tps": (stats.new_tokens - 1) / decode,
+                      "tps": stats.new_tokens / stats.seconds}),
           flush=True)
 """
 
@@ -76,8 +78,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--suite", type=Path, default=SAMPLE, help="prompts (jsonl with turns)")
     args = ap.parse_args()
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in args.suite.read_text().splitlines() if line.strip()]
     prompts = [r["turns"][0] for r in rows][: args.prompts]
     workers = [Worker(t.resolve(), args.threads) for t in args.trees]
     methods = args.methods.split(",")
@@ -87,6 +90,7 @@ def main() -> None:
             for w in workers:  # load and warm up outside the timed prompts
                 w.ask(method, "Hello", 4)
             tps: list[list[float]] = [[], []]
+            whole: list[list[float]] = [[], []]  # with the prompt's reading
             same = 0
             for i, prompt in enumerate(prompts):
                 order = (0, 1) if i % 2 == 0 else (1, 0)
@@ -94,14 +98,18 @@ def main() -> None:
                 for j in order:
                     answers[j] = workers[j].ask(method, prompt, args.max_new_tokens)
                     tps[j].append(answers[j]["decode_tps"])
+                    whole[j].append(answers[j]["tps"])
                 same += answers[0]["tokens"] == answers[1]["tokens"]
             base, new = statistics.median(tps[0]), statistics.median(tps[1])
+            wb, wn = statistics.median(whole[0]), statistics.median(whole[1])
             report[method] = {
                 "base_tps": round(base, 2), "new_tps": round(new, 2),
                 "new_over_base": round(new / base, 3), "identical": f"{same}/{len(prompts)}",
+                "base_whole_tps": round(wb, 2), "new_whole_tps": round(wn, 2),
             }  # fmt: skip
             print(f"{method:8} base {base:7.2f} tok/s  new {new:7.2f} tok/s  "
-                  f"new/base {new / base:.3f}  identical {same}/{len(prompts)}")  # fmt: skip
+                  f"new/base {new / base:.3f}  identical {same}/{len(prompts)}  "
+                  f"(with prompt: {wb:.2f} -> {wn:.2f}, {wn / wb:.3f})")  # fmt: skip
     finally:
         for w in workers:
             w.close()

@@ -104,6 +104,39 @@ def test_the_answer_never_depends_on_the_counts_chosen(tiny_qwen3_deep, tmp_path
         torch.set_num_threads(threads)
 
 
+def test_a_prompts_chunk_takes_every_thread_untimed(tiny_qwen3_deep, tmp_path):
+    """Served prompts come in chunks of 64 rows, within the tuned calls' sizes: a try of one
+    thread on them was a step twice as long, which a request sent meanwhile waited on."""
+    write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", FAMILY_MIXES["q4_1"])
+    model = load_gguf_target(
+        tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
+    )
+    fused = FusedPass.of(model)
+    fused.min_parallel_work = 0  # share even a tiny model's phases
+
+    class Counted(ThreadTuner):
+        asked: list[int] = []
+
+        def choose(self, rows, most):
+            self.asked.append(rows)
+            return 1
+
+    fused.tuner = tuner = Counted()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cache = model.new_cache(64)
+        prompt = torch.arange(20).unsqueeze(0)
+        model(prompt[:, :12], cache, num_logits=1)  # a prompt's chunk: every thread
+        other = model.new_cache(64)
+        fused.run_many(model, [(prompt[0, 12:].tolist(), cache, 1), ([5], other, 1)], ())
+        assert tuner.asked == [] and tuner.kinds == {}
+        model(prompt[:, 12:14], cache)  # a verify block: tuned
+        assert tuner.asked == [2]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_slow_start_is_forgotten_within_a_few_tries():
     calls = {1: 0, 2: 0}
 

@@ -238,7 +238,8 @@ class FusedPass:
         tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
         tapped = torch.empty(len(wanted_taps), 1, t, h)
         logits = torch.empty(1, num_logits, model.args.vocab_size)
-        threads, began = self.threads(t), time.perf_counter()
+        reading = num_logits < t  # a prompt's chunk
+        threads, began = self.threads(t, reading), time.perf_counter()
         failed = decoder_forward()(
             ctypes.byref(m),
             x.data_ptr(),
@@ -251,7 +252,7 @@ class FusedPass:
             logits.data_ptr(),
             threads,
         )
-        if self.tuner is not None:
+        if self.tuner is not None and not reading:
             self.tuner.record(t, threads, time.perf_counter() - began)
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
@@ -288,12 +289,13 @@ class FusedPass:
         tap_ids = (ctypes.c_int64 * max(len(wanted_taps), 1))(*wanted_taps)
         tapped = torch.empty(len(wanted_taps), total, h)
         logits = torch.empty(sum(n for _, _, n in parts), vocab)
-        threads, began = self.threads(total), time.perf_counter()
+        reading = any(n < len(tokens) for tokens, _, n in parts)  # a prompt's chunk among them
+        threads, began = self.threads(total, reading), time.perf_counter()
         failed = decoder_forward_many()(
             ctypes.byref(m), seqs, len(parts), x.data_ptr(), tap_ids, len(wanted_taps),
             tapped.data_ptr(), logits.data_ptr(), threads,
         )  # fmt: skip
-        if self.tuner is not None:
+        if self.tuner is not None and not reading:
             self.tuner.record(total, threads, time.perf_counter() - began)
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
@@ -305,13 +307,16 @@ class FusedPass:
             row, head = row + n, head + num_logits
         return outs
 
-    def threads(self, rows: int) -> int:
+    def threads(self, rows: int, reading: bool = False) -> int:
         """One for a pass too small to share; else up to torch's count (set by --threads),
-        as many as run this kind of call fastest now (the same bits whatever the count)."""
+        as many as run this kind of call fastest now (the same bits whatever the count).
+        A pass that reads a prompt's chunk takes them all, untimed: its phases are long
+        (threads.py), and served prompts come in 64-row chunks, which the tuner's tries of
+        one thread made twice as slow as a step (a request sent meanwhile waited on them)."""
         if rows * self.layer_work < 6 * self.min_parallel_work:
             return 1
         most = torch.get_num_threads()
-        return most if self.tuner is None else self.tuner.choose(rows, most)
+        return most if self.tuner is None or reading else self.tuner.choose(rows, most)
 
     # when it applies -------------------------------------------------------------------
     @staticmethod

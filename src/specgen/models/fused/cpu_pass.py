@@ -256,7 +256,7 @@ class FusedPass:
             self.tuner.record(t, threads, time.perf_counter() - began)
         if failed:
             raise MemoryError("fused decoder pass: out of memory for its buffers")
-        return logits, {i: tapped[k] for k, i in enumerate(wanted_taps)}
+        return logits, dict(zip(wanted_taps, tapped.unbind(0), strict=True))  # one call
 
     def run_many(
         self,
@@ -302,8 +302,8 @@ class FusedPass:
         outs, row, head = [], 0, 0
         for (_, _, num_logits), n in zip(parts, rows, strict=True):
             mine = logits[head : head + num_logits].unsqueeze(0)
-            outs.append((mine, {i: tapped[k, row : row + n].unsqueeze(0)
-                                for k, i in enumerate(wanted_taps)}))  # fmt: skip
+            rows_taps = tapped[:, row : row + n].unsqueeze(1).unbind(0)  # [1, n, H] each
+            outs.append((mine, dict(zip(wanted_taps, rows_taps, strict=True))))
             row, head = row + n, head + num_logits
         return outs
 

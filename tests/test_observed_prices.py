@@ -119,8 +119,15 @@ def test_seeded_answers_keep_the_tables_prices():
     for _ in range(MIN_SAMPLES):
         a.timed(100, 1, 2.4)
     assert b._steps(100) == pytest.approx([1.0, 2.4])
-    schedulers.reprice(CostTable(contexts=(100,), seconds=((1.0, 2.0),)), a)
+    again = CostTable(contexts=(100,), seconds=((1.0, 2.0),), drafts={"d": (0.1,)})
+    schedulers.reprice(again, a, seeded)
     assert a.observed is schedulers.observed and a.observed.ratio(1) is None  # a new table
+    assert a.costs is again and schedulers.new().costs is again
+    # measured again mid-process (engine/costs.CostWatch): seeded answers keep deciding from
+    # the table as first given, the running one and every later one, so a seed repeats
+    assert seeded.costs is costs
+    later = schedulers.for_answer(a, SamplingParams(temperature=0.7, seed=3))
+    assert later.costs is costs and later._steps(100) == [1.0, 1.2]
 
 
 def test_the_loop_times_its_forwards_against_a_measured_table_only(

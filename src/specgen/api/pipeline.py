@@ -156,7 +156,7 @@ class Pipeline:
 
     @costs.setter
     def costs(self, costs: CostTable | None) -> None:
-        self.schedulers.costs = costs
+        self.schedulers.costs = self.schedulers.seeded_costs = costs  # prices handed in
 
     @property
     def _target(self) -> Target:

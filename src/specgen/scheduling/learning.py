@@ -21,6 +21,11 @@ class Schedulers:
     ) -> None:  # fmt: skip
         self.policy = policy
         self.costs = costs
+        # what a seeded sampling answer decides from: the table as the pipeline got it, not
+        # one measured again mid-process (`reprice`: engine/costs.CostWatch, on a busy
+        # machine even between two answers of a test), so the same seed gives the same
+        # sample for as long as the process runs
+        self.seeded_costs = costs
         self.several = drafters > 1
         self.learnt: VerifyScheduler | None = None
         # how this pipeline's forwards ran against its table: for a table measured here
@@ -29,14 +34,17 @@ class Schedulers:
 
     def new(self, *, learn: bool = True) -> VerifyScheduler | None:
         """The scheduler a new answer starts with (from what the last one learnt, and
-        pricing steps as they have run, unless `learn` is False); None when every draft is
-        verified whole and there is no choice of drafter to make, or when the policy or the
-        choice needs costs there are none of."""
-        if (self.policy.kind == "full" and not self.several) or (self.costs is None and (
+        pricing steps as they have run; unless `learn` is False, a seeded answer's: the
+        prior, and the table as first given); None when every draft is verified whole and
+        there is no choice of drafter to make, or when the policy or the choice needs costs
+        there are none of."""
+        costs = self.costs if learn else self.seeded_costs
+        if (self.policy.kind == "full" and not self.several) or (costs is None and (
             self.policy.needs_costs or self.several
         )):  # fmt: skip
             return None
-        scheduler = VerifyScheduler(self.policy, self.costs)
+        scheduler = VerifyScheduler(self.policy, costs)
+        scheduler.keeps_costs = not learn
         if learn:
             scheduler.observed = self.observed
             if self.learnt is not None:
@@ -62,12 +70,13 @@ class Schedulers:
 
     def reprice(self, costs: CostTable, *running: VerifyScheduler | None) -> None:
         """Costs measured again: they decide from now on, in new schedulers, the learnt
-        one and the `running` ones (a session's, mid-conversation)."""
+        one and the `running` ones (a session's, mid-conversation); a seeded answer's
+        keep the table as first given (`seeded_costs`)."""
         self.costs = costs
         if self.observed is not None:  # ratios to the old table say nothing of the new
             self.observed = ObservedPrices()
         for scheduler in (*running, self.learnt):
-            if scheduler is not None:
+            if scheduler is not None and not scheduler.keeps_costs:
                 scheduler.costs = costs
                 if scheduler.observed is not None:
                     scheduler.observed = self.observed

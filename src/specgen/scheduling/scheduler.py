@@ -94,6 +94,7 @@ class VerifyScheduler:
         # the pipeline's record of how its forwards ran against the table (None: the table
         # alone decides, as for a seeded sampling answer)
         self.observed: ObservedPrices | None = None
+        self.keeps_costs = False  # a seeded answer's: its table is never replaced (learning.py)
         self._learnt = 0  # moves with every recorded step: `pick`'s prices are stale then
         self._priced: tuple[tuple, tuple] | None = None  # `pick`'s last pricing, and its key
 

@@ -18,10 +18,14 @@ from support.packed import LLAMA_MIXES, write_tiny_gguf
 pytestmark = pytest.mark.skipif(cpu_library() is None, reason="no C compiler")
 
 
-def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None):
-    """Logits (and taps) of `tokens` fed in pieces of the given sizes, one cache."""
+def run(model, tokens, splits, taps=(), fused=True, monkeypatch=None, kv=None):
+    """Logits (and taps) of `tokens` fed in pieces of the given sizes, one cache (its keys
+    and values kept as `kv`, else as the model keeps them)."""
     monkeypatch.setenv("SPECGEN_CPU_PASS", "fused" if fused else "eager")
     cache = model.new_cache(48, steps=4)
+    if kv is not None and cache.k.dtype != kv:
+        cache = model.family.new_cache(model.args, batch=1, capacity=48, steps=4, dtype=kv,
+                                       device=model.device)  # fmt: skip
     logits, tapped, at = [], {i: [] for i in taps}, 0
     for n in splits:
         out = model(tokens[:, at : at + n], cache, taps=taps)
@@ -48,6 +52,7 @@ def narrow_llama(tmp_path_factory):
 def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, narrow_llama, tmp_path,
                                                  family, mix, monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself (q8: below)
+    monkeypatch.setenv("SPECGEN_CPU_KV", "f32")  # its keys and values too (fp16: below)
     hf = {"wide": wide_qwen2, "narrow": narrow_llama}.get(family) or tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
@@ -151,6 +156,47 @@ def test_the_pass_keeps_token_embeddings_that_are_the_models_own(
         assert torch.equal(got, model.embed_tokens(torch.tensor([ids])))
         assert len(fused._rows) <= 6
     assert len(ids) > cpu_pass.EMBED_CACHED_ROWS and 39 not in fused._rows  # not a prefill's
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "narrow"])
+@pytest.mark.parametrize("act", ["fp32", "q8"])
+def test_with_keys_and_values_in_fp16_the_pass_computes_the_eager_layers_model(
+    tiny_dirs, narrow_llama, tmp_path, family, act, monkeypatch
+):
+    """By default a target the pass runs keeps its keys and values as fp16 (cpu_pass.kv_dtype,
+    as llama.cpp does), in its own cache whichever pass runs a step: the fused pass and the
+    eager layers then compute the same model (both round the same fp32 keys and values), and
+    it is the file's model with its keys and values so kept, position by position as near
+    as the eager layers are. (Against the float64 model rounded so, a key computed in fp32
+    now and then rounds to the other half of a tie: the median position is the measure.)"""
+    monkeypatch.setenv("SPECGEN_CPU_ACT", act)
+    hf = {"narrow": narrow_llama}.get(family) or tiny_dirs[family]
+    oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    exact = load_dense(oracle_dir, dtype=torch.float64, device="cpu")
+    assert packed.new_cache(8).k.dtype == torch.float16
+    assert exact.new_cache(8).k.dtype == torch.float64  # not a target the pass runs
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, exact.args.vocab_size, (1, 24), generator=gen)
+    splits = (16, 1, 4, 3)
+    want, _ = run(exact, tokens, splits, fused=False, monkeypatch=monkeypatch, kv=torch.float16)
+    got, _ = run(packed, tokens, splits, monkeypatch=monkeypatch)
+    eager, _ = run(packed, tokens, splits, fused=False, monkeypatch=monkeypatch)
+
+    def typical(a):
+        return (a.double() - want).pow(2).mean(-1).sqrt().median().item()
+
+    def rms(a, b):
+        return (a.double() - b.double()).pow(2).mean().sqrt().item()
+
+    scale = want.pow(2).mean().sqrt().item()
+    # measured on these models: fused against eager 2e-7 (q8) to 9e-5 (fp32) of the scale
+    assert rms(got, eager) < 1e-3 * scale
+    if act == "fp32":  # the file's model so kept: 1e-6 to 1.4e-5 of the scale
+        assert rms(got, want) < 1e-4 * scale
+        assert typical(got) <= 1.5 * typical(eager) + 1e-7
+    else:  # 8-bit rows are a change of function of their own (the test below)
+        assert rms(got, want) < 0.1 * scale
 
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m", "q5"])
@@ -265,3 +311,26 @@ def test_the_context_limit_is_refused_before_anything_is_written(tiny_dirs, tmp_
     assert cache.length == 6
     model(torch.tensor([[7, 8]]), cache)
     assert cache.length == 8
+
+
+def test_keys_and_values_round_to_fp16_as_torch_does():
+    """decoder.c stores keys and values as fp16 rounded to nearest even, in its SIMD path
+    (F16C) and its portable one alike, the bits torch's conversion gives (the eager layers
+    write the same cache): normal values, ties, subnormal halves, overflow, zeros, inf."""
+    from specgen.kernels.decoder_cpu import kv_round
+
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(4096, generator=gen) * torch.logspace(-9, 5, 4096).float()
+    halves = torch.arange(0, 0x7C00, 7, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    ties = halves.float()  # each half, then halfway to its neighbour (a tie), and past it
+    nxt = (halves.view(torch.int16) + 1).view(torch.float16).float()
+    edges = torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, float("inf"),
+                          -float("inf"), 2.0**-25, 2.0**-25 * 1.0001, 2.0**-26, 5.96e-8,
+                          6.1e-5, 6.104e-5, -3.0e-6])  # fmt: skip
+    x = torch.cat([wide, -wide, ties, (ties + nxt) / 2, ties + (nxt - ties) * 0.5001,
+                   edges]).contiguous()  # fmt: skip
+    want = x.to(torch.float16).view(torch.int16)
+    for portable in (0, 1):
+        out = torch.empty(x.numel(), dtype=torch.int16)
+        kv_round()(x.data_ptr(), out.data_ptr(), x.numel(), portable)
+        assert torch.equal(out, want), portable

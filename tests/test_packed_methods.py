@@ -26,6 +26,7 @@ def weights(model) -> dict[str, LinearWeight]:
 def test_a_gguf_target_runs_packed_on_its_own_weights(tiny_dirs, wide_qwen2, tmp_path, family,
                                                       mix, monkeypatch):  # fmt: skip
     monkeypatch.setenv("SPECGEN_CPU_ACT", "fp32")  # the file's model itself
+    monkeypatch.setenv("SPECGEN_CPU_KV", "f32")  # its keys and values too (test_fused_cpu.py)
     hf = wide_qwen2 if family == "wide" else tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")

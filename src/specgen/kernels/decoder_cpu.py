@@ -82,6 +82,7 @@ class Model(ctypes.Structure):
         ("sin", ptr),
         ("k", ptr),
         ("v", ptr),
+        ("kv_half", i64),  # the cache keeps keys and values as fp16 (else fp32)
     ]
 
 
@@ -121,4 +122,16 @@ def decoder_forward():
     f = lib.decoder_forward
     f.argtypes = [ctypes.POINTER(Model), ptr, i64, i64, ptr, i64, ptr, i64, ptr, ctypes.c_int]
     f.restype = ctypes.c_int
+    return f
+
+
+def kv_round():
+    """decoder.c's rounding of keys and values to fp16 (`decoder_kv_round(x, out, n,
+    portable)`), for its test; None when the library could not be built."""
+    lib = compiled()
+    if lib is None:
+        return None
+    f = lib.decoder_kv_round
+    f.argtypes = [ptr, ptr, i64, ctypes.c_int]
+    f.restype = None
     return f

@@ -30,7 +30,13 @@ from specgen.models.formats.weights import (
     resident_bytes,
     weights_identity,
 )
-from specgen.models.fused.cpu_pass import FusedPass, cache_fits, shared_wanted
+from specgen.models.fused.cpu_pass import (
+    FusedPass,
+    cache_fits,
+    kv_dtype,
+    runnable,
+    shared_wanted,
+)
 from specgen.models.layers.blocks import norm_weight
 from specgen.models.layers.rope import rope_tables
 from specgen.models.plans import Plan, Row
@@ -108,8 +114,11 @@ class Transformer(nn.Module):
                 rope_tables(rope, d, capacity, dtype=self.dtype, device=self.device)
                 for rope, d in self._ropes
             ]
+        # a target the fused CPU pass computes keeps its keys and values as that pass does
+        # (fp16 by default, cpu_pass.kv_dtype), whichever pass then runs a step
+        kv = kv_dtype() if runnable(self) else self.dtype
         return self.family.new_cache(
-            a, batch=batch, capacity=capacity, steps=steps, dtype=self.dtype, device=self.device
+            a, batch=batch, capacity=capacity, steps=steps, dtype=kv, device=self.device
         )
 
     def plan(self, prefix: str) -> Plan:

@@ -59,7 +59,8 @@ typedef struct {
     const float *norm; /* the final norm */
     Lin head;
     const float *cos, *sin; /* RoPE tables [capacity, head_dim] */
-    float *k, *v;           /* the cache: [layers, kv_heads, capacity, head_dim] each */
+    void *k, *v;            /* the cache: [layers, kv_heads, capacity, head_dim] each */
+    int64_t kv_half;        /* keys and values are kept as IEEE halves (else fp32): see KV */
 } Model;
 
 /* ---- a barrier that spins briefly, then sleeps ---------------------------------------
@@ -117,6 +118,72 @@ static void share(int64_t n, int64_t unit, int id, int nt, int64_t *a, int64_t *
     int64_t u0 = id * per + (id < extra ? id : extra), u1 = u0 + per + (id < extra);
     *a = u0 * unit < n ? u0 * unit : n;
     *b = u1 * unit < n ? u1 * unit : n;
+}
+
+/* ---- keys and values as halves (KV) -----------------------------------------------
+ * A decode step at a long context, and a pass of several answers, read every position's
+ * keys and values from memory (46 KB a position for the default in fp32: at 8 answers of
+ * 500 positions, twice its weights). Kept as IEEE halves (llama.cpp's default) they are
+ * half that. Rounding is to nearest even, as F16C's instruction and torch's conversion do,
+ * so the eager layers writing the same cache store the same bits. */
+static uint16_t to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf, nan (quiet, payload kept in part) */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (a < 0x38800000u) {                                  /* below 2^-14: a subnormal half */
+        if (a < 0x33000000u) return (uint16_t)sign;         /* below half the least: zero */
+        /* a = 1.m * 2^(E - 127) = mant * 2^(E - 150) = (mant >> (126 - E)) * 2^-24 */
+        uint32_t mant = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);
+        uint32_t q = mant >> shift, rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        q += rest > half || (rest == half && (q & 1));
+        return (uint16_t)(sign | q);
+    }
+    uint32_t q = (a >> 13) - (112u << 10), rest = a & 0x1fffu; /* rebias 127 -> 15 */
+    q += rest > 0x1000u || (rest == 0x1000u && (q & 1));
+    return (uint16_t)(sign | q);
+}
+
+static float from_half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, x;
+    if (e == 31) x = sign | 0x7f800000u | (m << 13);
+    else if (e) x = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) x = sign;
+    else { /* subnormal: normalise */
+        e = 113;
+        while (!(m & 0x400u)) m <<= 1, e--;
+        x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* n floats into the cache at `to` (fp32, or halves when `half`) */
+static void kv_store(void *to, const float *from, int64_t n, int half) {
+    if (!half) {
+        memcpy(to, from, sizeof(float) * n);
+        return;
+    }
+    uint16_t *h = to;
+    int64_t i = 0;
+#ifdef SIMD
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) h[i] = to_half(from[i]);
+}
+
+/* kv_store's rounding, exported for its test: `portable` takes the scalar path on a SIMD
+ * build too (a portable build has only that one) */
+void decoder_kv_round(const float *x, uint16_t *out, int64_t n, int portable) {
+    if (portable)
+        for (int64_t i = 0; i < n; i++) out[i] = to_half(x[i]);
+    else
+        kv_store(out, x, n, 1);
 }
 
 /* ---- per-row pieces, each in one fixed order --------------------------------------- */
@@ -251,47 +318,58 @@ static inline __m256 sums8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* out[0..64) = inv * sum over keys j, in order, of scores[j] * v_j[0..64) (v_j at vs + j d) */
-static inline __attribute__((always_inline)) void weigh8(const float *scores, const float *vs,
+/* 8 of the cache's values at element `at` of `base` as floats: fp32, or halves widened
+ * (exactly); `half` is a constant where this is inlined, so each kind has its own loop */
+static inline __attribute__((always_inline)) __m256 kv8(const void *base, int64_t at, int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at)));
+    return _mm256_loadu_ps((const float *)base + at);
+}
+
+/* out[0..64) = inv * sum over keys j, in order, of scores[j] * v_j[0..64) (v_j at element
+ * j d of vs) */
+static inline __attribute__((always_inline)) void weigh8(const float *scores, const void *vs,
                                                           int64_t n, int64_t d, __m256 inv,
-                                                          float *out, int ahead) {
+                                                          float *out, int half, int ahead) {
+    const int64_t es = half ? 2 : 4; /* bytes an element */
     __m256 o[8];
     for (int v = 0; v < 8; v++) o[v] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j++) {
         __m256 e = _mm256_broadcast_ss(scores + j);
-        const float *vj = vs + j * d;
-        if (ahead && j + VALUES_AHEAD < n) /* d = 64 here: a value is 4 lines */
-            for (int at = 0; at < 256; at += 64)
-                _mm_prefetch((const char *)(vj + VALUES_AHEAD * d) + at, _MM_HINT_T1);
-        for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * v), o[v]);
+        if (ahead && j + VALUES_AHEAD < n) { /* d = 64 here: a value is 2 or 4 lines */
+            const char *next = (const char *)vs + (j + VALUES_AHEAD) * d * es;
+            for (int64_t at = 0; at < d * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
+        }
+        for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(e, kv8(vs, j * d + 8 * v, half), o[v]);
     }
     for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(o[v], inv));
 }
 
 /* attend() for head sizes of whole vectors: keys eight at a time (the last group repeats
  * key n - 1 and drops it), so every key's score, and so a row's result, is the same
- * arithmetic whatever the number of keys around it */
-static void attend8(const float *q, const float *ks, const float *vs, int64_t n, int64_t d,
-                    float scale, float *scores, float *out, int ahead) {
+ * arithmetic whatever the number of keys around it (vs: the head's values from column c0) */
+static inline __attribute__((always_inline)) void attend8(
+    const float *q, const void *ks, const void *vs, int64_t n, int64_t d, float scale,
+    float *scores, float *out, int half, int ahead) {
+    const int64_t es = half ? 2 : 4;
     __m256 top = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
     int64_t groups = (n + 7) / 8;
     for (int64_t g = 0; g < groups; g++) {
         /* the 8 keys' dot products side by side, each in its own chain (one key after
          * another waited on every multiply-add's latency: most of a long context's step);
          * each key's sum is the same sequence of operations either way */
-        const float *k[8];
+        int64_t k[8]; /* each key's first element */
         if (ahead && 8 * (g + KEYS_AHEAD) < n) { /* see KEYS_AHEAD */
-            const char *next = (const char *)(ks + 8 * (g + KEYS_AHEAD) * d);
-            for (int64_t at = 0; at < 32 * d; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
+            const char *next = (const char *)ks + 8 * (g + KEYS_AHEAD) * d * es;
+            for (int64_t at = 0; at < 8 * d * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
         }
         __m256 acc[8], q0 = _mm256_loadu_ps(q);
         for (int i = 0; i < 8; i++) {
-            k[i] = ks + (8 * g + i < n ? 8 * g + i : n - 1) * d;
-            acc[i] = _mm256_mul_ps(q0, _mm256_loadu_ps(k[i]));
+            k[i] = (8 * g + i < n ? 8 * g + i : n - 1) * d;
+            acc[i] = _mm256_mul_ps(q0, kv8(ks, k[i], half));
         }
         for (int64_t c = 8; c < d; c += 8) {
             __m256 qc = _mm256_loadu_ps(q + c);
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k[i] + c), acc[i]);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qc, kv8(ks, k[i] + c, half), acc[i]);
         }
         __m256 s = _mm256_mul_ps(sums8(acc), sc);
         _mm256_storeu_ps(scores + 8 * g, s);
@@ -317,41 +395,61 @@ static void attend8(const float *q, const float *ks, const float *vs, int64_t n,
     __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
         int64_t vecs = (d - c0) / 8 < 8 ? (d - c0) / 8 : 8;
+        const void *vc = (const char *)vs + c0 * es;
         if (vecs == 8) { /* a count the compiler knows keeps them in registers */
-            weigh8(scores, vs + c0, n, d, inv, out + c0, ahead);
+            weigh8(scores, vc, n, d, inv, out + c0, half, ahead);
             continue;
         }
         __m256 o[8];
         for (int v = 0; v < vecs; v++) o[v] = _mm256_setzero_ps();
         for (int64_t j = 0; j < n; j++) {
             __m256 e = _mm256_broadcast_ss(scores + j);
-            const float *vj = vs + j * d + c0;
-            for (int v = 0; v < vecs; v++) o[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * v), o[v]);
+            for (int v = 0; v < vecs; v++) o[v] = _mm256_fmadd_ps(e, kv8(vc, j * d + 8 * v, half), o[v]);
         }
         for (int v = 0; v < vecs; v++) _mm256_storeu_ps(out + c0 + 8 * v, _mm256_mul_ps(o[v], inv));
     }
 }
+
+static void attend8_f32(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
+                        float scale, float *scores, float *out, int ahead) {
+    attend8(q, ks, vs, n, d, scale, scores, out, 0, ahead);
+}
+
+static void attend8_f16(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
+                        float scale, float *scores, float *out, int ahead) {
+    attend8(q, ks, vs, n, d, scale, scores, out, 1, ahead);
+}
 #endif
 
-/* one query over n keys: softmax(q k^T * scale) v, in key order */
-static void attend(const float *q, const float *ks, const float *vs, int64_t n, int64_t d,
-                   float scale, float *scores, float *out, int ahead) {
+/* row j of a head's keys or values as floats: the cache's own (fp32), or widened into
+ * `buf` (halves) */
+static const float *kv_row(const void *base, int64_t j, int64_t d, int half, float *buf) {
+    if (!half) return (const float *)base + j * d;
+    const uint16_t *h = (const uint16_t *)base + j * d;
+    for (int64_t c = 0; c < d; c++) buf[c] = from_half(h[c]);
+    return buf;
+}
+
+/* one query over n keys: softmax(q k^T * scale) v, in key order; keys and values as the
+ * cache keeps them (`half`), the arithmetic on their values the same either way */
+static void attend(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
+                   float scale, float *scores, float *out, int half, int ahead) {
 #ifdef SIMD
     if (d % 8 == 0) {
-        attend8(q, ks, vs, n, d, scale, scores, out, ahead);
+        (half ? attend8_f16 : attend8_f32)(q, ks, vs, n, d, scale, scores, out, ahead);
         return;
     }
 #endif
     (void)ahead;
-    float top = -INFINITY, total = 0.0f, o[512];
+    float top = -INFINITY, total = 0.0f, o[512], row[512];
     for (int64_t j = 0; j < n; j++) {
-        scores[j] = dot(q, ks + j * d, d) * scale;
+        scores[j] = dot(q, kv_row(ks, j, d, half, row), d) * scale;
         top = scores[j] > top ? scores[j] : top;
     }
     for (int64_t j = 0; j < n; j++) total += scores[j] = expf(scores[j] - top);
     for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        const float *vj = vs + j * d;
+        const float *vj = kv_row(vs, j, d, half, row);
         float s = scores[j];
         for (int64_t c = 0; c < d; c++) o[c] = fmaf(s, vj[c], o[c]);
     }
@@ -404,7 +502,7 @@ static void input(const Input *in, const float *src, int64_t stride, const float
  * positions [start, start + rows) of its own cache (k, v: [layers, kv_heads, capacity,
  * head_dim] each), and logits for its last num_logits rows. */
 typedef struct {
-    float *k, *v;
+    void *k, *v; /* fp32 or fp16, as m->kv_half says */
     int64_t capacity, start, rows, num_logits;
 } Seq;
 
@@ -419,6 +517,8 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                          const int64_t *taps, int64_t ntaps, float *tap_out, float *logits,
                          int nthreads) {
     const int64_t H = m->hidden, nq = m->heads, nkv = m->kv_heads, d = m->head_dim;
+    const int half = m->kv_half != 0;
+    const int64_t es = half ? 2 : 4; /* bytes a cached key or value element */
     const int64_t I = m->inter, rep = nq / nkv;
     const int64_t nqkv = (nq + 2 * nkv) * d, widest = I > H ? I : H;
     const int64_t natt = nq * d > H ? nq * d : H;
@@ -483,11 +583,9 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                     if (w) rms_norm(hd, w, d, m->eps, hd);
                     rope(hd, m->cos + p * d, m->sin + p * d, d);
                     if (j >= nq) {
-                        int64_t g = j - nq, cap = q->capacity;
-                        float *kc = q->k + l * nkv * cap * d, *vc = q->v + l * nkv * cap * d;
-                        memcpy(kc + (g * cap + p) * d, hd, sizeof(float) * d);
-                        memcpy(vc + (g * cap + p) * d, qkv + t * nqkv + (nq + nkv + g) * d,
-                               sizeof(float) * d);
+                        int64_t g = j - nq, at = ((l * nkv + g) * q->capacity + p) * d * es;
+                        kv_store((char *)q->k + at, hd, d, half);
+                        kv_store((char *)q->v + at, qkv + t * nqkv + (nq + nkv + g) * d, d, half);
                     }
                 }
                 barrier_wait(&bar, &sense);
@@ -498,17 +596,18 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                  * again, from memory once they outgrew L2 (8 rows at context 2000 took 4x a
                  * decode step's attention). Each (row, head) is the same arithmetic either way. */
                 share(T * nq, 1, id, nt, &a, &b);
-                const float *last = NULL; /* the keys this thread read last */
+                const char *last = NULL; /* the keys this thread read last */
                 for (int64_t i = a; i < b; i++) {
                     int64_t g = i / (T * rep), t = i % (T * rep) / rep, hq = g * rep + i % rep;
                     int64_t p = pos[t];
                     const Seq *q = &seqs[seq_of[t]];
                     int64_t cap = q->capacity;
-                    const float *kc = q->k + (l * nkv + g) * cap * d, *vc = q->v + (l * nkv + g) * cap * d;
+                    int64_t at = (l * nkv + g) * cap * d * es;
+                    const char *kc = (const char *)q->k + at, *vc = (const char *)q->v + at;
                     /* only the first to read them asks for them ahead: the others find them
                      * in L2, where asking cost 10-15% of an 8-row block's step */
                     attend(qkv + t * nqkv + hq * d, kc, vc, p + 1, d, (float)m->attn_scale,
-                           scores, att + t * nq * d + hq * d, kc != last); /* rows of nq * d: the o product's K */
+                           scores, att + t * nq * d + hq * d, half, kc != last); /* rows of nq * d: the o product's K */
                     last = kc;
                 }
                 barrier_wait(&bar, &sense);

@@ -76,10 +76,13 @@ class StaticKVCache:
                 f"context limit reached: {end} tokens do not fit in {self.capacity}"
             )
         slot = self.slot(layer)
-        self.k[slot][:, :, start:end] = k
+        self.k[slot][:, :, start:end] = k  # rounded to nearest even where the cache is fp16
         self.v[slot][:, :, start:end] = v
         self._written = end
-        return self.k[slot][:, :, :end], self.v[slot][:, :, :end]
+        keys, values = self.k[slot][:, :, :end], self.v[slot][:, :, :end]
+        if keys.dtype != k.dtype:  # kept narrower (a fused CPU target's fp16): widened exactly
+            keys, values = keys.to(k.dtype), values.to(v.dtype)
+        return keys, values
 
     def written(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of `layer`'s slot up to the end of the last write, [B, n_kv, L, d] each: a

@@ -53,6 +53,20 @@ def wanted() -> bool:
     return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
 
 
+KV_KINDS = {"f16": torch.float16, "f32": torch.float32}
+
+
+def kv_dtype() -> torch.dtype:
+    """How a target the pass runs keeps its keys and values: fp16 (the default, as
+    llama.cpp does: a long context's decode step and a pass of several answers read them
+    all, and in fp32 they outweighed the default's weights at 8 answers of 500 positions),
+    or fp32 with `SPECGEN_CPU_KV=f32`. The eager layers store the same halves."""
+    kind = os.environ.get("SPECGEN_CPU_KV", "f16").lower()
+    if kind not in KV_KINDS:
+        raise ValueError(f"SPECGEN_CPU_KV={kind!r}: use one of {', '.join(KV_KINDS)}")
+    return KV_KINDS[kind]
+
+
 def shared_wanted() -> bool:
     """Whether answers stepped together share one pass; `SPECGEN_CPU_PASS=separate` gives
     each its own (the baseline in benchmarks; the same bits)."""
@@ -101,7 +115,9 @@ class FusedPass:
             layer=layers,
             norm=self._ptr(model.norm),
             head=self._lin(model.lm_head, None),
+            kv_half=int(kv_dtype() == torch.float16),
         )
+        self.kv_dtype = kv_dtype()
         self.layer_count = a.num_layers
         layer = model.layers[0]
         self.layer_work = sum(
@@ -324,7 +340,7 @@ class FusedPass:
         """The model's pass (built on first use, rebuilt after its weights changed), or
         None where the model cannot run fused (that answer kept too: it is asked every
         forward)."""
-        key = (weights_module.generation(), wanted(), activations())
+        key = (weights_module.generation(), wanted(), activations(), kv_dtype())
         known = model.__dict__.get("_fused")
         if known is not None and known[0] == key:
             return known[1]
@@ -352,7 +368,8 @@ def cache_fits(model, cache, batch: int, pad) -> bool:
         and cache._slot_of is None
         and isinstance(k, torch.Tensor)
         and k.shape == (a.num_layers, 1, a.num_kv_heads, cache.capacity, a.head_dim)
-        and k.dtype == torch.float32
+        and k.dtype == kv_dtype()
+        and cache.v.dtype == k.dtype
         and k.is_contiguous()
         and cache.v.is_contiguous()
         and model._tables[0][0].shape[0] >= cache.capacity

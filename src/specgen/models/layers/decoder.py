@@ -119,7 +119,10 @@ class DecoderLayer(nn.Module):
         q, k, v, gate = self._qkv(x, cos, sin)
         cache.write_at(layer_id, positions, k, v)
         slot = cache.slot(layer_id)
-        out = block_attention(q, cache.k[slot], cache.v[slot], length, causal, window)
+        keys, values = cache.k[slot], cache.v[slot]
+        if keys.dtype != q.dtype:  # kept narrower (a fused CPU target's fp16): widened exactly
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        out = block_attention(q, keys, values, length, causal, window)
         return self._output(x, out, gate)
 
     def _qkv(

@@ -54,7 +54,7 @@ def image_key(gguf: Path) -> dict[str, Any]:
     """Everything an image's bytes depend on: the file, the kernels' build and what they
     multiply, and specgen's own code (a checkout that changes anything writes anew)."""
     from specgen.kernels import cpu_build
-    from specgen.kernels.library import _loaded, activations, kernel_lanes
+    from specgen.kernels.library import _loaded, activations, kernel_lanes, kv_kind
 
     lib, variant = _loaded()
     if lib is None:
@@ -64,7 +64,7 @@ def image_key(gguf: Path) -> dict[str, Any]:
     return {
         "file": str(gguf.resolve()), "size": st.st_size, "mtime": st.st_mtime_ns,
         "kernels": cpu_build.source_hash(v), "act": activations(), "lanes": kernel_lanes(),
-        "code": _code_digest(),
+        "kv": kv_kind(), "code": _code_digest(),
     }  # fmt: skip
 
 
@@ -168,7 +168,8 @@ class QuickPipeline:
         self.model = image.model()
         s = image.header["pass"]["sizes"]
         shape = (s["layers"], 1, s["kv_heads"], context, s["head_dim"])
-        self.k, self.v = _zeros(shape), _zeros(shape)
+        half = bool(s.get("kv_half"))  # the pass's keys and values as fp16 (cpu_pass.kv_dtype)
+        self.k, self.v = _zeros(shape, half), _zeros(shape, half)
         rope = image.header["rope"]
         m = self.model
         m.capacity, m.k, m.v = context, self.k.ctypes.data, self.v.ctypes.data
@@ -240,14 +241,15 @@ class QuickPipeline:
         return logits
 
 
-def _zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """fp32 zeros whose pages come as they are first written: a cache sized for 8192
-    positions is mostly never touched (numpy's own zeros asks for huge pages, and faulting
-    in 2 MB of zeros per layer and head cost most of a second)."""
+def _zeros(shape: tuple[int, ...], half: bool = False) -> np.ndarray:
+    """fp32 (or fp16, `half`) zeros whose pages come as they are first written: a cache
+    sized for 8192 positions is mostly never touched (numpy's own zeros asks for huge pages,
+    and faulting in 2 MB of zeros per layer and head cost most of a second)."""
     import mmap
 
-    count = int(np.prod(shape))
-    return np.frombuffer(mmap.mmap(-1, max(4 * count, 1)), np.float32, count).reshape(shape)
+    count, kind = int(np.prod(shape)), np.uint16 if half else np.float32
+    size = np.dtype(kind).itemsize
+    return np.frombuffer(mmap.mmap(-1, max(size * count, 1)), kind, count).reshape(shape)
 
 
 def _default_threads() -> int:

@@ -55,6 +55,18 @@ def kernel_isa() -> str:
     return "" if lib is None else f"{variant} ({lib.packed_isa().decode()})"
 
 
+KV_KINDS = ("f16", "f32")
+
+
+def kv_kind() -> str:
+    """How targets the fused CPU pass runs keep their keys and values: `f16` (the default,
+    as llama.cpp does; models/fused/cpu_pass.kv_dtype) or `f32` (SPECGEN_CPU_KV)."""
+    kind = os.environ.get("SPECGEN_CPU_KV", "f16").lower()
+    if kind not in KV_KINDS:
+        raise ValueError(f"SPECGEN_CPU_KV={kind!r}: use one of {', '.join(KV_KINDS)}")
+    return kind
+
+
 def activations() -> str:
     """`fp32` (x as it is) or `q8` (each row quantized to 8 bits per block of 32, as
     llama.cpp does: integer block products, cheap extra rows; packed.h)."""

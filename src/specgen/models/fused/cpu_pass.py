@@ -30,6 +30,7 @@ from specgen.kernels.decoder_cpu import (
     decoder_forward,
     decoder_forward_many,
 )
+from specgen.kernels.library import kv_kind
 from specgen.kernels.packed import ACTIVATIONS, DIRECT_ROWS, activations, kernel_lanes
 from specgen.models.cache.kv import StaticKVCache
 from specgen.models.family import family_of
@@ -53,18 +54,12 @@ def wanted() -> bool:
     return os.environ.get("SPECGEN_CPU_PASS", "fused").lower() != "eager"
 
 
-KV_KINDS = {"f16": torch.float16, "f32": torch.float32}
-
-
 def kv_dtype() -> torch.dtype:
     """How a target the pass runs keeps its keys and values: fp16 (the default, as
     llama.cpp does: a long context's decode step and a pass of several answers read them
     all, and in fp32 they outweighed the default's weights at 8 answers of 500 positions),
     or fp32 with `SPECGEN_CPU_KV=f32`. The eager layers store the same halves."""
-    kind = os.environ.get("SPECGEN_CPU_KV", "f16").lower()
-    if kind not in KV_KINDS:
-        raise ValueError(f"SPECGEN_CPU_KV={kind!r}: use one of {', '.join(KV_KINDS)}")
-    return KV_KINDS[kind]
+    return torch.float16 if kv_kind() == "f16" else torch.float32
 
 
 def shared_wanted() -> bool:
@@ -210,7 +205,7 @@ class FusedPass:
         m = self.model
         sizes = {f: getattr(m, f) for f in ("layers", "hidden", "heads", "kv_heads", "head_dim",
                                             "inter", "vocab", "direct_rows", "act", "eps",
-                                            "attn_scale")}  # fmt: skip
+                                            "attn_scale", "kv_half")}  # fmt: skip
         layers = [{**{n: lin(getattr(m.layer[i], n)) for n in LINS},
                    **{n: at(getattr(m.layer[i], n)) for n in NORMS}}
                   for i in range(self.layer_count)]  # fmt: skip

@@ -80,10 +80,12 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, narrow_l
 
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
 @pytest.mark.parametrize("act", ["fp32", "q8"])
+@pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(
-    tiny_qwen3_deep, tmp_path, mix, act, monkeypatch
+    tiny_qwen3_deep, tmp_path, mix, act, kv, monkeypatch
 ):
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
+    monkeypatch.setenv("SPECGEN_CPU_KV", kv)  # f16: blocks read keys widened once, steps not
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     model = load_gguf_target(
         tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"
@@ -163,13 +165,14 @@ def test_the_pass_keeps_token_embeddings_that_are_the_models_own(
 def test_with_keys_and_values_in_fp16_the_pass_computes_the_eager_layers_model(
     tiny_dirs, narrow_llama, tmp_path, family, act, monkeypatch
 ):
-    """By default a target the pass runs keeps its keys and values as fp16 (cpu_pass.kv_dtype,
-    as llama.cpp does), in its own cache whichever pass runs a step: the fused pass and the
+    """With SPECGEN_CPU_KV=f16 a target the pass runs keeps its keys and values as fp16
+    (cpu_pass.kv_dtype, as llama.cpp does), in its own cache whichever pass runs a step: the fused pass and the
     eager layers then compute the same model (both round the same fp32 keys and values), and
     it is the file's model with its keys and values so kept, position by position as near
     as the eager layers are. (Against the float64 model rounded so, a key computed in fp32
     now and then rounds to the other half of a tie: the median position is the measure.)"""
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
+    monkeypatch.setenv("SPECGEN_CPU_KV", "f16")
     hf = {"narrow": narrow_llama}.get(family) or tiny_dirs[family]
     oracle_dir = write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
     packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")

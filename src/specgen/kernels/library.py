@@ -59,9 +59,9 @@ KV_KINDS = ("f16", "f32")
 
 
 def kv_kind() -> str:
-    """How targets the fused CPU pass runs keep their keys and values: `f16` (the default,
-    as llama.cpp does; models/fused/cpu_pass.kv_dtype) or `f32` (SPECGEN_CPU_KV)."""
-    kind = os.environ.get("SPECGEN_CPU_KV", "f16").lower()
+    """How targets the fused CPU pass runs keep their keys and values (SPECGEN_CPU_KV):
+    `f32` (the default) or `f16` (as llama.cpp does; models/fused/cpu_pass.kv_dtype)."""
+    kind = os.environ.get("SPECGEN_CPU_KV", "f32").lower()
     if kind not in KV_KINDS:
         raise ValueError(f"SPECGEN_CPU_KV={kind!r}: use one of {', '.join(KV_KINDS)}")
     return kind

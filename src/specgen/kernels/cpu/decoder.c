@@ -177,6 +177,35 @@ static void kv_store(void *to, const float *from, int64_t n, int half) {
     for (; i < n; i++) h[i] = to_half(from[i]);
 }
 
+/* n halves widened into floats (exactly) */
+static void kv_widen(float *to, const uint16_t *from, int64_t n) {
+    int64_t i = 0;
+#ifdef SIMD
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(to + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(from + i))));
+#endif
+    for (; i < n; i++) to[i] = from_half(from[i]);
+}
+
+/* A verify block's or prompt chunk's rows all read each KV head's keys and values: kept as
+ * halves, each (row, head) widening them again made 8 rows at context 1000 9% slower than
+ * fp32 keys (the widening is arithmetic where the keys come from L2). So where a block's
+ * KV head fits WIDE_BYTES widened, a thread widens it once, as far as its rows reach, into
+ * its own buffer, and every (row, head) reads floats there: the same values, so the same
+ * bits. A decode step (one row, three heads) widens as it reads. */
+#define WIDE_BYTES (1 << 20)
+static _Thread_local float *wide_buf;
+static _Thread_local int64_t wide_floats;
+
+static float *wide_scratch(int64_t floats) {
+    if (floats > wide_floats) {
+        free(wide_buf);
+        wide_buf = malloc(sizeof(float) * floats);
+        wide_floats = wide_buf ? floats : 0;
+    }
+    return wide_buf;
+}
+
 /* kv_store's rounding, exported for its test: `portable` takes the scalar path on a SIMD
  * build too (a portable build has only that one) */
 void decoder_kv_round(const float *x, uint16_t *out, int64_t n, int portable) {
@@ -597,6 +626,8 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                  * decode step's attention). Each (row, head) is the same arithmetic either way. */
                 share(T * nq, 1, id, nt, &a, &b);
                 const char *last = NULL; /* the keys this thread read last */
+                float *wk = NULL, *wv = NULL; /* their widened copy (WIDE_BYTES), if any */
+                int64_t widened = 0;          /* positions of it filled so far */
                 for (int64_t i = a; i < b; i++) {
                     int64_t g = i / (T * rep), t = i % (T * rep) / rep, hq = g * rep + i % rep;
                     int64_t p = pos[t];
@@ -604,11 +635,32 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                     int64_t cap = q->capacity;
                     int64_t at = (l * nkv + g) * cap * d * es;
                     const char *kc = (const char *)q->k + at, *vc = (const char *)q->v + at;
+                    int first = kc != last;
+                    if (first) {
+                        int64_t reach = q->start + q->rows; /* the farthest its rows read */
+                        wk = wv = NULL, widened = 0;
+                        if (half && q->rows > 1 && reach * d * 8 <= WIDE_BYTES &&
+                            (wk = wide_scratch(2 * reach * d)) != NULL)
+                            wv = wk + reach * d;
+                    }
+                    last = kc;
+                    float *o = att + t * nq * d + hq * d; /* rows of nq * d: the o product's K */
+                    if (wk) {
+                        if (p + 1 > widened) {
+                            kv_widen(wk + widened * d, (const uint16_t *)kc + widened * d,
+                                     (p + 1 - widened) * d);
+                            kv_widen(wv + widened * d, (const uint16_t *)vc + widened * d,
+                                     (p + 1 - widened) * d);
+                            widened = p + 1;
+                        }
+                        attend(qkv + t * nqkv + hq * d, wk, wv, p + 1, d, (float)m->attn_scale,
+                               scores, o, 0, 0);
+                        continue;
+                    }
                     /* only the first to read them asks for them ahead: the others find them
                      * in L2, where asking cost 10-15% of an 8-row block's step */
                     attend(qkv + t * nqkv + hq * d, kc, vc, p + 1, d, (float)m->attn_scale,
-                           scores, att + t * nq * d + hq * d, half, kc != last); /* rows of nq * d: the o product's K */
-                    last = kc;
+                           scores, o, half, first);
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */

@@ -166,11 +166,12 @@ def test_with_keys_and_values_in_fp16_the_pass_computes_the_eager_layers_model(
     tiny_dirs, narrow_llama, tmp_path, family, act, monkeypatch
 ):
     """With SPECGEN_CPU_KV=f16 a target the pass runs keeps its keys and values as fp16
-    (cpu_pass.kv_dtype, as llama.cpp does), in its own cache whichever pass runs a step: the fused pass and the
-    eager layers then compute the same model (both round the same fp32 keys and values), and
-    it is the file's model with its keys and values so kept, position by position as near
-    as the eager layers are. (Against the float64 model rounded so, a key computed in fp32
-    now and then rounds to the other half of a tie: the median position is the measure.)"""
+    (cpu_pass.kv_dtype, as llama.cpp does), in its own cache whichever pass runs a step:
+    the fused pass and the eager layers then compute the same model (both round the same
+    fp32 keys and values), and it is the file's model with its keys and values so kept,
+    position by position as near as the eager layers are. (Against the float64 model
+    rounded so, a key computed in fp32 now and then rounds to the other half of a tie: the
+    median position is the measure.)"""
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
     monkeypatch.setenv("SPECGEN_CPU_KV", "f16")
     hf = {"narrow": narrow_llama}.get(family) or tiny_dirs[family]

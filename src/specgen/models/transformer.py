@@ -115,7 +115,7 @@ class Transformer(nn.Module):
                 for rope, d in self._ropes
             ]
         # a target the fused CPU pass computes keeps its keys and values as that pass does
-        # (fp16 by default, cpu_pass.kv_dtype), whichever pass then runs a step
+        # (fp32, or fp16 on request: cpu_pass.kv_dtype), whichever pass then runs a step
         kv = kv_dtype() if runnable(self) else self.dtype
         return self.family.new_cache(
             a, batch=batch, capacity=capacity, steps=steps, dtype=kv, device=self.device

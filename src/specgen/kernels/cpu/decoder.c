@@ -454,8 +454,7 @@ static void attend8_f16(const float *q, const void *ks, const void *vs, int64_t 
  * `buf` (halves) */
 static const float *kv_row(const void *base, int64_t j, int64_t d, int half, float *buf) {
     if (!half) return (const float *)base + j * d;
-    const uint16_t *h = (const uint16_t *)base + j * d;
-    for (int64_t c = 0; c < d; c++) buf[c] = from_half(h[c]);
+    kv_widen(buf, (const uint16_t *)base + j * d, d);
     return buf;
 }
 
@@ -644,8 +643,11 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                             wv = wk + reach * d;
                     }
                     last = kc;
-                    float *o = att + t * nq * d + hq * d; /* rows of nq * d: the o product's K */
-                    if (wk) {
+                    /* only the first to read them asks for them ahead: the others find them
+                     * in L2, where asking cost 10-15% of an 8-row block's step */
+                    const void *ks = kc, *vs = vc;
+                    int kind = half, ahead = first;
+                    if (wk) { /* floats in this thread's buffer, widened as far as p */
                         if (p + 1 > widened) {
                             kv_widen(wk + widened * d, (const uint16_t *)kc + widened * d,
                                      (p + 1 - widened) * d);
@@ -653,14 +655,10 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                                      (p + 1 - widened) * d);
                             widened = p + 1;
                         }
-                        attend(qkv + t * nqkv + hq * d, wk, wv, p + 1, d, (float)m->attn_scale,
-                               scores, o, 0, 0);
-                        continue;
+                        ks = wk, vs = wv, kind = 0, ahead = 0;
                     }
-                    /* only the first to read them asks for them ahead: the others find them
-                     * in L2, where asking cost 10-15% of an 8-row block's step */
-                    attend(qkv + t * nqkv + hq * d, kc, vc, p + 1, d, (float)m->attn_scale,
-                           scores, o, half, first);
+                    attend(qkv + t * nqkv + hq * d, ks, vs, p + 1, d, (float)m->attn_scale,
+                           scores, att + t * nq * d + hq * d, kind, ahead); /* rows of nq * d: the o product's K */
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */

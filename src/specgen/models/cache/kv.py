@@ -22,6 +22,14 @@ import torch
 from specgen.core.errors import ContextLimitError
 
 
+def widened(keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
+    """Keys and values as `dtype` for the eager layers' arithmetic: a cache kept narrower
+    (a fused CPU target's fp16, models/fused/cpu_pass.kv_dtype) is widened exactly."""
+    if keys.dtype == dtype:
+        return keys, values
+    return keys.to(dtype), values.to(dtype)
+
+
 class StaticKVCache:
     def __init__(
         self,
@@ -79,10 +87,7 @@ class StaticKVCache:
         self.k[slot][:, :, start:end] = k  # rounded to nearest even where the cache is fp16
         self.v[slot][:, :, start:end] = v
         self._written = end
-        keys, values = self.k[slot][:, :, :end], self.v[slot][:, :, :end]
-        if keys.dtype != k.dtype:  # kept narrower (a fused CPU target's fp16): widened exactly
-            keys, values = keys.to(k.dtype), values.to(v.dtype)
-        return keys, values
+        return widened(self.k[slot][:, :, :end], self.v[slot][:, :, :end], k.dtype)
 
     def written(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of `layer`'s slot up to the end of the last write, [B, n_kv, L, d] each: a

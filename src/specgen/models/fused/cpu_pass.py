@@ -114,7 +114,6 @@ class FusedPass:
             head=self._lin(model.lm_head, None),
             kv_half=int(kv_dtype() == torch.float16),
         )
-        self.kv_dtype = kv_dtype()
         self.layer_count = a.num_layers
         layer = model.layers[0]
         self.layer_work = sum(

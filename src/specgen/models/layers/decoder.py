@@ -19,7 +19,7 @@ from specgen.kernels.attention import attention
 from specgen.kernels.block_attention import block_attention
 from specgen.kernels.qk_rope import apply_rope, qk_norm_rope
 from specgen.kernels.rmsnorm import rms_norm
-from specgen.models.cache.kv import StaticKVCache
+from specgen.models.cache.kv import StaticKVCache, widened
 from specgen.models.formats.weights import DenseWeight, new_weight
 from specgen.models.layers.blocks import add_mlp, mlp_plan, norm_weight, residual_mlp
 from specgen.models.plans import Row
@@ -119,9 +119,7 @@ class DecoderLayer(nn.Module):
         q, k, v, gate = self._qkv(x, cos, sin)
         cache.write_at(layer_id, positions, k, v)
         slot = cache.slot(layer_id)
-        keys, values = cache.k[slot], cache.v[slot]
-        if keys.dtype != q.dtype:  # kept narrower (a fused CPU target's fp16): widened exactly
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        keys, values = widened(cache.k[slot], cache.v[slot], q.dtype)
         out = block_attention(q, keys, values, length, causal, window)
         return self._output(x, out, gate)
 

@@ -25,13 +25,19 @@ CPU = ["--device", "cpu", "--dtype", "float32"]
 class Server:
     """`python -m specgen serve ARGS --port 0`, up once its ready line is printed."""
 
-    def __init__(self, *args: str, key: str | None = None, timeout: float = 180) -> None:
+    def __init__(
+        self, *args: str, key: str | None = None, timeout: float = 180, early: bool = False
+    ) -> None:
+        """`early`: answer from a fast-start image while loading when one is there
+        (serve/early.py); off by default, so that whether an earlier test wrote one never
+        changes which engine answers."""
         cmd = [sys.executable, "-m", "specgen", "serve", *args, "--port", "0"]
         if key is not None:
             cmd += ["--api-key", key]
         self.key = key
+        env = {**os.environ, **({} if early else {"SPECGEN_QUICK": "0"})}
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self.log: list[str] = []  # stderr, drained so a chatty log never blocks the server
         threading.Thread(target=self._drain, daemon=True).start()

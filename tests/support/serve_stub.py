@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 from fastapi.testclient import TestClient
 
@@ -34,7 +33,7 @@ class StubPipe:
         self.codec = codec
         self.context = context
         self.answers = answers or ["ok"]
-        self.model = SimpleNamespace(args=SimpleNamespace(vocab_size=len(codec.tokenizer)))
+        self.vocab_size = len(codec.tokenizer)
         self.prompts: list[list[int]] = []  # what each answer was asked
         self.constraints: list = []  # each answer's constraint (None: free text)
 

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from specgen.api.streams import Streams
 
 
-
 class Pipeline:
     def __init__(
         self,
@@ -84,6 +83,11 @@ class Pipeline:
         # the chat template's thinking mode the registry's drafters were trained with
         self.thinking: bool | None = entry.thinking if entry else None
         self.session = self.new_session()
+
+    @property
+    def vocab_size(self) -> int:
+        """The ids a prompt may hold: [0, vocab_size)."""
+        return self.model.args.vocab_size
 
     @classmethod
     def load(

@@ -50,6 +50,18 @@ IMAGE_LIMIT = 1 << 30  # bytes: images are for models whose cold start is mostly
 GREEDY = SamplingParams()
 
 
+def plain_greedy(sampling: SamplingParams) -> bool:
+    """Whether `sampling` answers as GREEDY does: the argmax of unchanged logits (a seed or
+    top-k/top-p filters change nothing at temperature 0), nothing else reported."""
+    return (
+        sampling.temperature == 0.0
+        and sampling.presence_penalty == 0.0
+        and sampling.frequency_penalty == 0.0
+        and sampling.repetition_penalty == 1.0
+        and sampling.logprobs is None
+    )
+
+
 def image_key(gguf: Path) -> dict[str, Any]:
     """Everything an image's bytes depend on: the file, the kernels' build and what they
     multiply, and specgen's own code (a checkout that changes anything writes anew)."""
@@ -95,7 +107,7 @@ def wants_quick(*, method: str | None, drafter: Any, sampling: SamplingParams, d
     return (
         method in (None, AR)
         and not drafter
-        and sampling == GREEDY
+        and plain_greedy(sampling)
         and (device == "cpu" or (device == "auto" and not gpu_visible()))
         and dtype in ("auto", "float32")
         and quantize is None
@@ -180,6 +192,15 @@ class QuickPipeline:
         self.ids: list[int] = []  # what the cache holds
         self.length = 0
 
+    @property
+    def context(self) -> int:
+        """The cache's capacity in tokens, as `Pipeline.context`."""
+        return self.capacity
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
     def encode(self, prompt: Prompt, *, raw: bool = False, think: bool | None = None) -> list[int]:
         """As `Pipeline.encode`."""
         think = bool(self.thinking) if think is None else think
@@ -190,7 +211,7 @@ class QuickPipeline:
         """As `Pipeline.stream_ids` for a greedy AR answer (the cache keeps the longest
         prefix the previous answer shares with this prompt, as a session does)."""
         checked_max_new_tokens(max_new_tokens)
-        if sampling not in (None, GREEDY):
+        if sampling is not None and not plain_greedy(sampling):
             raise SpecgenError("the fast start answers greedily only")  # open_quick's rule
         new_ids = self._prepare(prompt_ids)
         stats = GenStats(prompt_tokens=len(prompt_ids), prefill_tokens=len(new_ids))

@@ -54,3 +54,27 @@ def write(pipe, gguf: Path) -> None:
         path, size = written
         built(f"a fast-start image of {pipe.name} ({size / 2**20:.0f} MiB)",
               time.perf_counter() - began, path.parent)  # fmt: skip
+
+
+def for_serving(run: Run, methods: list[str]) -> tuple[QuickPipeline | None, Path | None]:
+    """What `serve` answers from while its pipelines load: the image's pipeline when plain
+    greedy answers are among what it serves (AR is one of `methods`) and the options are
+    ones an image answers, with the GGUF file the full load should write an image for
+    when there is none yet. (None, None): the server starts as before."""
+    from specgen.api.quick import GREEDY, wants_quick
+    from specgen.hub import resolve_model
+    from specgen.terminal import display
+
+    spec = run.spec()
+    served = methods or ([AR] if spec.is_ar and not spec.drafter else [])
+    if AR not in served:
+        return None, None
+    if not wants_quick(
+        method=AR, drafter=None, sampling=GREEDY, device=run.device, dtype=run.dtype,
+        quantize=run.quantize, dequantize=run.dequantize,
+    ):  # fmt: skip
+        return None, None
+    resolved = resolve_model(run.model, notify=None if run.quiet else display.status)
+    if resolved.gguf is None:
+        return None, None
+    return opened(run, resolved), resolved.gguf

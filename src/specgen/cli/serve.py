@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,6 +17,7 @@ from specgen.terminal import display
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
+    from specgen.api.quick import QuickPipeline
 
 EXAMPLES = """
 Examples:
@@ -89,8 +91,7 @@ def serve(
         int,
         typer.Option(
             "--queue-size",
-            help="Requests that may wait while every slot answers; beyond it, 503 + "
-            "Retry-After.",
+            help="Requests that may wait while every slot answers; beyond it, 503 + Retry-After.",
         ),
     ] = 16,
     max_body_bytes: Annotated[
@@ -142,7 +143,10 @@ def serve(
             debug=run.debug, log=Log(display.write, display.status, display.error),
         )  # fmt: skip
         config.check()
-        run_server(_loader(run, _names(methods, run)), config)
+        names = _names(methods, run)
+        early, gguf = _early(run, names)
+        run_server(_loader(run, names, write_image=gguf if early is None else None), config,
+                   early=early, methods=names or [run.spec().method])  # fmt: skip
 
 
 serve.__doc__ = (serve.__doc__ or "") + EXAMPLES
@@ -150,7 +154,7 @@ serve.__doc__ = (serve.__doc__ or "") + EXAMPLES
 
 def _names(methods: list[str] | None, run: Run) -> list[str]:
     """The methods to load, the default first; empty: the one `--method` says."""
-    from specgen.api.spec import METHODS
+    from specgen.methods import METHODS
 
     names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
     if not names:
@@ -162,10 +166,31 @@ def _names(methods: list[str] | None, run: Run) -> list[str]:
     return list(dict.fromkeys([default, *names]))
 
 
-def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
+def _early(run: Run, names: list[str]) -> tuple[QuickPipeline | None, Path | None]:
+    """The fast start's pipeline that answers plain greedy requests while the pipelines
+    load (cli/fast_start.py), and the GGUF file to write an image of when it has none."""
+    from specgen.cli import fast_start
+    from specgen.core import once
+
+    once.listen(None if run.quiet else display.status)
+    return fast_start.for_serving(run, names)
+
+
+def _loader(
+    run: Run, names: list[str], *, write_image: Path | None = None
+) -> Callable[[], dict[str, Pipeline]]:
     """What the server's worker thread calls to load the pipelines (method -> pipeline):
     as `generate` loads one, or the first of `names` and the others on its weights
-    (`specgen.api.method_pipelines.load_methods`)."""
+    (`specgen.api.method_pipelines.load_methods`); then the image of `write_image` (a GGUF
+    file) the next start answers from at once."""
+
+    def load() -> dict[str, Pipeline]:
+        pipes = load_several() if names else load_one()
+        if write_image is not None:
+            from specgen.cli import fast_start
+
+            fast_start.write(next(iter(pipes.values())), write_image)
+        return pipes
 
     def load_one() -> dict[str, Pipeline]:
         pipe = run.load()
@@ -181,4 +206,4 @@ def _loader(run: Run, names: list[str]) -> Callable[[], dict[str, Pipeline]]:
             notify=None if run.quiet else display.status, measure_costs=run.measure_costs,
         )  # fmt: skip
 
-    return load_several if names else load_one
+    return load

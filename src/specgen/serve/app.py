@@ -79,6 +79,7 @@ def build_app(service: Service) -> FastAPI:
             "methods": list(service.methods),
             "queued": service.worker.queued,
             "running": service.worker.running,
+            "loading": service.worker.loading,  # early answers only (serve/early.py)
         }
         # 503 while draining: a balancer's health check takes the server out of rotation
         return JSONResponse(body, status_code=503 if service.draining else 200)

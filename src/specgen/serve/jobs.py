@@ -17,7 +17,6 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from specgen.core.errors import SpecgenError
-from specgen.serve import grammar as structured
 from specgen.serve import limits
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError, invalid
@@ -131,7 +130,9 @@ def _encode(
         schema, param = rendered.schema, "tools"
     if schema is None:
         return ids, rendered, None
-    vocab = pipe.model.args.vocab_size
+    from specgen.serve import grammar as structured  # torch: not on the server's start
+
+    vocab = pipe.vocab_size
     grammar = structured.json_schema_grammar(schema, param)
     return ids, rendered, structured.compile(pipe.codec, vocab, grammar, param)
 
@@ -140,7 +141,7 @@ def _ids(pipe: Pipeline, req: GenRequest) -> tuple[list[int], tooling.Rendered |
     import jinja2
 
     if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
-        vocab = pipe.model.args.vocab_size
+        vocab = pipe.vocab_size
         bad = [t for t in req.prompt if not 0 <= t < vocab]  # type: ignore[operator]
         if bad:
             raise invalid(f"prompt: token id {bad[0]} is not in [0, {vocab})", "prompt")

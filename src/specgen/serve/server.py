@@ -18,11 +18,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -76,15 +76,23 @@ class ServeConfig:
             raise SpecgenError("--api-key is empty")
 
 
-def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
+def serve(
+    load: Callable[[], dict[str, Pipeline]], config: ServeConfig, *, early: Any = None,
+    methods: Sequence[str] = (),
+) -> None:  # fmt: skip
     """Serve the pipelines `load()` returns (method -> pipeline, the first the default)
-    until a signal. `load` runs in the worker thread, which then owns all torch work."""
+    until a signal. `load` runs in the worker thread, which then owns all torch work.
+    `early` (api/quick.QuickPipeline): the server is ready at once, answering plain greedy
+    AR requests from it while `load` runs (serve/early.py); `methods` are then the ones
+    `load` returns, the default first. A load that fails then stops the server with its
+    error."""
     config.check()
     sock = _listen(config.host, config.port)  # before the slow part: a busy port fails now
     parallel = config.parallel or default_parallel()
     worker = Worker(
-        load, queue_size=config.queue_size, parallel=parallel, debug=config.debug, log=config.log
-    )
+        load, queue_size=config.queue_size, parallel=parallel, debug=config.debug, log=config.log,
+        early=early, methods=methods,
+    )  # fmt: skip
     try:
         pipes = worker.start()
         base = next(iter(pipes.values()))
@@ -93,7 +101,7 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
         metrics.running = lambda: worker.running
         metrics.parallel = parallel
         metrics.slots = worker.slots
-        metrics.batch = lambda: worker.streams.counters
+        metrics.batch = lambda: worker.streams.counters if worker.streams else None
         worker.metrics = metrics
         model = served_id(base.name)
         service = Service(
@@ -112,7 +120,12 @@ def serve(load: Callable[[], dict[str, Pipeline]], config: ServeConfig) -> None:
             timeout_graceful_shutdown=CLOSE_WAIT,  # after the drain (_Server.drain)
         )
         server = _Server(uv, worker, service, ready, config)
+        worker.on_failure = lambda e: setattr(server, "should_exit", True)
+        if worker.load_error is not None:  # failed before the server was made
+            raise worker.load_error
         server.run(sockets=[sock])
+        if worker.load_error is not None:
+            raise worker.load_error
     finally:
         worker.close(timeout=CUT_WAIT)  # a thread stuck in a forward is a daemon: not waited
         sock.close()
@@ -183,6 +196,7 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self.opts.log.write(self.ready + "\n")
+        self.worker.go()  # early answers: the load begins now (a no-op otherwise)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own closes the listener at once and raises the signal again once it has

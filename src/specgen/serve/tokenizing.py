@@ -50,7 +50,7 @@ def add_routes(app: FastAPI, pipe: Callable[[], Pipeline], service: Any) -> None
         body = await body_of(request)
         target = pipe()
         tokens = body.get("tokens")
-        vocab = target.model.args.vocab_size
+        vocab = target.vocab_size
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):

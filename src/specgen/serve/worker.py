@@ -29,15 +29,14 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from specgen.api.one_at_a_time import OneAtATime
-from specgen.api.streams import Stream, Streams
 from specgen.core.errors import Cancelled, SpecgenError
 from specgen.core.stats import GenStats
 from specgen.serve import report
 from specgen.serve.answer import Answering
+from specgen.serve.early import Early
 from specgen.serve.errors import APIError
 from specgen.serve.job import (
     CLIENT_GONE,
@@ -56,6 +55,7 @@ from specgen.serve.metrics import Metrics
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
+    from specgen.api.streams import Stream
 
 
 # what the worker steps the answers with, from the pipelines and the slots: Streams
@@ -64,6 +64,9 @@ StreamsFactory = Callable[[Mapping[str, Any], int], Any]
 
 
 def streams_for(pipes: Mapping[str, Any], parallel: int) -> Any:
+    from specgen.api.one_at_a_time import OneAtATime  # torch: loaded with the pipelines
+    from specgen.api.streams import Streams
+
     return OneAtATime(pipes) if parallel == 1 else Streams(pipes, parallel)
 
 
@@ -77,7 +80,11 @@ class Worker:
         debug: bool = False,
         log: Log | None = None,
         streams: StreamsFactory = streams_for,
+        early: Any = None,
+        methods: Sequence[str] = (),
     ) -> None:
+        """`early` (api/quick.QuickPipeline): answers plain greedy AR requests from the
+        start while `load` runs (serve/early.py); the pipelines then serve `methods`."""
         self._load = load
         self.queue_size = queue_size
         self.parallel = parallel
@@ -100,14 +107,30 @@ class Worker:
         self.streams: Any = None
         self.metrics: Metrics | None = None
         self._token_names: dict[int, TokenNames] = {}  # per codec: logprobs' token texts
+        self.early = Early(self, early, methods) if early is not None else None
+        # with early answers, the load begins once the server listens (`go`): importing
+        # torch holds the interpreter for long stretches, which would hold the start up
+        self._go = threading.Event()
+        if early is None:
+            self._go.set()
+        self.on_failure: Callable[[BaseException], None] = lambda e: None  # a late load's
 
     def start(self) -> dict[str, Pipeline]:
-        """Load the pipelines in the worker thread; its error is raised here."""
+        """Load the pipelines in the worker thread; its error is raised here. With an
+        early pipeline, return at once: the requests it cannot answer wait for the load,
+        whose error goes to `on_failure`."""
         self._thread.start()
+        if self.early is not None:
+            self.pipes = self.early.start()
+            return self.pipes
         self._loaded.wait()
         if self._load_error is not None:
             raise self._load_error
         return self.pipes
+
+    def go(self) -> None:
+        """The server is up: the load may begin."""
+        self._go.set()
 
     @property
     def queued(self) -> int:
@@ -115,11 +138,20 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs) + (self.early.running if self.early else 0)
 
     @property
     def idle(self) -> bool:
-        return not self._jobs and not self._queue
+        return not self.running and not self._queue
+
+    @property
+    def loading(self) -> bool:
+        """The pipelines are still loading (early answers only)."""
+        return not self._loaded.is_set()
+
+    @property
+    def load_error(self) -> BaseException | None:
+        return self._load_error
 
     def slots(self) -> list[dict[str, Any]]:
         """Each busy slot's answer so far (/metrics; read from another thread: a copy)."""
@@ -138,6 +170,8 @@ class Worker:
                 raise Overloaded(self.retry_after())
             self._queue.append(job)
         self._wake.set()
+        if self.early is not None:
+            self.early.wake.set()
 
     def retry_after(self) -> int:
         """Seconds until the full queue is expected to have a place: one job's share of
@@ -164,19 +198,28 @@ class Worker:
         self._cutting.set()
         self._closing.set()
         self._wake.set()
+        self._go.set()  # a load not begun ends at once
         if self._loaded.is_set():  # a load cut short (Ctrl-C) is not waited for
             self._thread.join(timeout=timeout)
         self._drain_queue()
 
     # the thread --------------------------------------------------------------------------
     def _main(self) -> None:
+        self._go.wait()
         try:
-            self.pipes = self._load()
-            self.streams = self._make_streams(self.pipes, self.parallel)
+            if self._closing.is_set():
+                raise SpecgenError("the server stopped before the model loaded")
+            pipes = self._load()
+            streams = self._make_streams(pipes, self.parallel)
         except BaseException as e:  # handed to start(), raised in the main thread
             self._load_error = e
+            self._loaded.set()
+            if self.early is not None:  # the server was answering already: it stops
+                self._drain_queue()
+                self.on_failure(e)
             return
-        finally:
+        with self._lock:  # from here on the early answers take no job
+            self.pipes, self.streams = pipes, streams
             self._loaded.set()
         while not self._closing.is_set():
             self._admit()
@@ -192,6 +235,17 @@ class Worker:
     def _next(self) -> Job | None:
         with self._lock:
             return self._queue.popleft() if self._queue else None
+
+    def _take(self, answerable: Callable[[Job], bool]) -> Job | None:
+        """The first queued job `answerable` says yes to, while the pipelines load."""
+        with self._lock:
+            if self._loaded.is_set():
+                return None
+            for job in self._queue:
+                if answerable(job):
+                    self._queue.remove(job)
+                    return job
+        return None
 
     def _drain_queue(self) -> None:
         while (job := self._next()) is not None:
@@ -265,6 +319,11 @@ class Worker:
             self.streams.close(stream)  # its session settles (a no-op once it ended)
         except Exception as e:  # a bug settling: the job still ends, with it
             error = error or e
+        self._ended(job, answering, error=error, cut_by=cut_by, slot=stream.slot)
+
+    def _ended(self, job: Job, answering: Answering, *, error: Exception | None,
+               cut_by: str | None, slot: int | None) -> None:  # fmt: skip
+        """`job`'s end event, its answer over (done, cut by `cut_by`, or with `error`)."""
         self._ends.append(time.perf_counter())
         seconds = time.perf_counter() - job.queued_at - answering.queue_seconds
         self._answer_seconds = 0.8 * self._answer_seconds + 0.2 * seconds
@@ -273,7 +332,6 @@ class Worker:
         elif cut_by is not None and not answering.produced:  # nothing was produced
             self._end(job, Failed(client_gone() if cut_by == CLIENT_GONE else stopping()))
         else:
-            slot = stream.slot
             self._guarded(job, lambda: self._end(job, answering.done(self.metrics, cut_by, slot)))
 
     def _guarded(self, job: Job, run: Callable[[], None]) -> None:

@@ -17,7 +17,9 @@ name:
   262,144-token vocabulary and `--refusal-mib` of tensor data, as a real Gemma 3 file
   has), and on the default file cut short;
 - `serve`: `specgen serve --port 0` until `/health` answers 200 (from the ready line's
-  port), against its own `generate`.
+  port), against its own `generate`; then, from the same start, until a greedy chat answer
+  of 8 tokens sent at once has come back ("first answer": from the fast-start image while
+  the engine loads, serve/early.py) and until `/health` says the engine is loaded.
 
 `--baseline SRC` runs specgen's cases from another source tree too (the code before a
 change), in the same rounds. Python's bytecode caches go to a directory of their own
@@ -93,6 +95,7 @@ class Case:
         self.times: list[float] = []
         self.cpu: list[float] = []  # every run's, the warm one first
         self.last = ""
+        self.after: dict[str, list[float]] = {}  # serve: the first answer, the engine loaded
 
     def run(self) -> float:
         """The wall time of one run; its CPU time (user + system, every thread) goes to
@@ -135,10 +138,28 @@ class Case:
                     time.sleep(0.01)
             seconds = time.perf_counter() - start
             self.last = f"health 200 on port {port}"
+            self._after(port, start)
             return seconds
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+    def _after(self, port: int, start: float) -> None:
+        url = f"http://127.0.0.1:{port}"
+        body = {"model": "", "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 8, "temperature": 0}  # fmt: skip
+        ask = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(ask) as r:
+            answer = json.loads(r.read())
+        self.after.setdefault("first answer", []).append(time.perf_counter() - start)
+        while True:
+            with urllib.request.urlopen(f"{url}/health") as r:
+                if not json.loads(r.read()).get("loading"):
+                    break
+            time.sleep(0.01)
+        self.after.setdefault("engine loaded", []).append(time.perf_counter() - start)
+        self.last += f"; {answer['choices'][0]['message']['content'][:40]!r}"
 
     def summary(self) -> tuple[float, float]:
         return min(self.times), statistics.median(self.times)
@@ -161,6 +182,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another src/ tree to run beside")
     parser.add_argument("--refusal-mib", type=int, default=256)
     parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument("--no-llama", action="store_true",
+                        help="without llama-cpp-python (where no wheel installs)")  # fmt: skip
     parser.add_argument("--llama-path", help="where llama-cpp-python is installed (pip --target), "
                         "put on the llama case's path only")  # fmt: skip
     args = parser.parse_args()
@@ -201,7 +224,8 @@ def main() -> None:
     llama_env = {**base, "PYTHONPYCACHEPREFIX": str(work / "pycache-llama")}
     if args.llama_path:
         llama_env["PYTHONPATH"] = os.pathsep.join([args.llama_path, base.get("PYTHONPATH", "")])
-    cases.append(Case("llama-cpp-python generate", llama, llama_env))
+    if not args.no_llama:
+        cases.append(Case("llama-cpp-python generate", llama, llama_env))
 
     for case in cases:  # warm: the OS cache, specgen's caches, the bytecode
         seconds = case.run()
@@ -222,16 +246,21 @@ def main() -> None:
         mark = "" if case.repeat else " *"
         print(f"{case.name + mark:34s} {fast:8.2f}s {med:8.2f}s {case.cpu_summary():9.2f}s   "
               f"{case.last}")  # fmt: skip
+        for what, times in case.after.items():  # the warm run's left out, as above
+            print(f"{'  ' + what:34s} {min(times[1:]):8.2f}s {statistics.median(times[1:]):8.2f}s")
     by = {c.name: c.summary() for c in cases}
     by_cpu = {c.name: c.cpu_summary() for c in cases}
-    llama = by["llama-cpp-python generate"]
+    by_case = {c.name: c for c in cases}
+    llama = by.get("llama-cpp-python generate")
     record = {"runs": args.runs, "threads": args.threads, "context": args.context}
     for label in trees:
         gen = by[f"{label} generate"]
-        cpu = by_cpu[f"{label} generate"] / by_cpu["llama-cpp-python generate"]
-        ratios = {
-            "generate / llama-cpp-python": (gen[0] / llama[0], gen[1] / llama[1]),
-            "generate / llama-cpp-python, CPU seconds": (cpu, cpu),
+        ratios = {"generate seconds": gen}
+        if llama is not None:
+            cpu = by_cpu[f"{label} generate"] / by_cpu["llama-cpp-python generate"]
+            ratios["generate / llama-cpp-python"] = (gen[0] / llama[0], gen[1] / llama[1])
+            ratios["generate / llama-cpp-python, CPU seconds"] = (cpu, cpu)
+        ratios |= {
             "--help seconds": by[f"{label} --help"],
             "refusal unsupported seconds": by[f"{label} refuse unsupported"],
             "refusal cut seconds": by[f"{label} refuse cut file"],
@@ -240,11 +269,15 @@ def main() -> None:
         if not args.no_serve:
             serve = by[f"{label} serve ready"]
             ratios["serve ready / generate"] = (serve[0] / gen[0], serve[1] / gen[1])
+            first = by_case[f"{label} serve ready"].after["first answer"][1:]
+            first_ratio = (min(first) / gen[0], statistics.median(first) / gen[1])
+            ratios["serve first answer / generate"] = first_ratio
         print(f"{label}: " + "; ".join(f"{k} {a:.2f} (median {b:.2f})"
                                        for k, (a, b) in ratios.items()))  # fmt: skip
         record[label] = {k: list(v) for k, v in ratios.items()}
     record["seconds"] = {c.name: c.times for c in cases}
     record["cpu_seconds"] = {c.name: c.cpu for c in cases}
+    record["serve_after"] = {c.name: c.after for c in cases if c.after}
     print(json.dumps(record))
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from fastapi.testclient import TestClient
+from starlette.testclient import TestClient
 
 from specgen.api.pipeline import Pipeline
 from specgen.api.quick import open_quick, write_image

@@ -297,7 +297,7 @@ def test_fuzzed_requests_on_a_real_pipeline_never_get_a_5xx(tiny_qwen3_deep, tin
     every value in a valid request, then 100 fuzzed bodies, so what only the engine sees
     (extreme sampling values, answers that fill the context) is held to it too; it caught
     temperature 1e-300 (a NaN softmax)."""
-    from fastapi.testclient import TestClient
+    from starlette.testclient import TestClient
 
     from specgen.api.pipeline import Pipeline
     from specgen.api.spec import SpecConfig

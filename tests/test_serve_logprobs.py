@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
+from starlette.testclient import TestClient
 
 from specgen.api.pipeline import Pipeline
 from specgen.core.config import SamplingParams, SpecConfig

@@ -8,7 +8,7 @@ import socket
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
+from starlette.testclient import TestClient
 
 from specgen.core.stats import GenStats
 from specgen.serve.errors import APIError

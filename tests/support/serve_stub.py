@@ -9,7 +9,7 @@ import copy
 from contextlib import contextmanager
 from pathlib import Path
 
-from fastapi.testclient import TestClient
+from starlette.testclient import TestClient
 
 from specgen.api.pipeline import Chunk
 from specgen.core.events import TokenLogprob

@@ -1,5 +1,6 @@
-"""The HTTP side: FastAPI routes that parse, queue a job for the worker and stream its
-events back. Nothing here touches torch; tokenizing runs in a thread of its own.
+"""The HTTP side: Starlette routes (serve/routing.py) that parse, queue a job for the
+worker and stream its events back. Nothing here touches torch; tokenizing runs in a
+thread of its own.
 
 Streaming is Starlette's `StreamingResponse` writing `data: {json}\\n\\n` lines, rather than
 sse-starlette or FastAPI's newer SSE support: the framing is one f-string, the class is
@@ -18,11 +19,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from fastapi.staticfiles import StaticFiles
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
 
 from specgen.serve import tools as tooling
 from specgen.serve.errors import APIError
@@ -31,6 +33,7 @@ from specgen.serve.jobs import Queued, collect, queue_job, read_json, sse_respon
 from specgen.serve.logprobs import Entry, chat_logprobs, completion_logprobs
 from specgen.serve.openai_api import Reply, usage
 from specgen.serve.responses import add_responses_route
+from specgen.serve.routing import Routes
 from specgen.serve.service import CLIENT_CLOSED, Service
 from specgen.serve.tokenizing import add_routes as add_tokenizer_routes
 
@@ -46,30 +49,35 @@ UNAUTHORIZED = APIError(
 )
 
 
-def build_app(service: Service) -> FastAPI:
-    app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.service = service
+async def _api_error(request: Request, e: Exception) -> Response:
+    assert isinstance(e, APIError)
+    return error_response(e)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError) -> JSONResponse:
-        return error_response(e)
 
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(request: Request, e: ClientDisconnect) -> Response:
-        return Response(status_code=CLIENT_CLOSED)  # it left mid-body: not a 500
+async def _gone(request: Request, e: Exception) -> Response:
+    return Response(status_code=CLIENT_CLOSED)  # it left mid-body: not a 500
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception) -> JSONResponse:
-        # answered here; GuardedApp, which sees it raised again, logs it
-        return error_response(
-            APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
-        )
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        message = f"{request.method} {request.url.path}: {e.detail}"
-        return error_response(APIError(e.status_code, message, code=code))
+async def _bug(request: Request, e: Exception) -> Response:
+    # answered here; GuardedApp, which sees it raised again, logs it
+    return error_response(
+        APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
+    )
+
+
+async def _http_error(request: Request, e: Exception) -> Response:
+    assert isinstance(e, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+    message = f"{request.method} {request.url.path}: {e.detail}"
+    return error_response(APIError(e.status_code, message, code=code))
+
+
+HANDLERS = {APIError: _api_error, ClientDisconnect: _gone, Exception: _bug,
+            HTTPException: _http_error}  # fmt: skip
+
+
+def build_app(service: Service) -> GuardedApp:
+    app = Routes()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -128,8 +136,10 @@ def build_app(service: Service) -> FastAPI:
 
     add_tokenizer_routes(app, lambda: service.pipes[service.methods[0]], service)
     if STATIC.is_dir():
-        app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    return GuardedApp(app, service)
+        app.table.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
+    starlette = Starlette(routes=app.table, exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    starlette.state.service = service
+    return GuardedApp(starlette, service)
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -205,7 +215,7 @@ class GuardedApp:
     """ASGI wrapper around the routes: the API key, counting requests by route and status,
     and a bug answered as a one-line 500 (the traceback only in the log, with --debug)."""
 
-    def __init__(self, app: FastAPI, service: Service) -> None:
+    def __init__(self, app: Starlette, service: Service) -> None:
         self.app = app
         self.service = service
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fastapi import Request
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from specgen.core.errors import SpecgenError

@@ -19,12 +19,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from specgen.serve.errors import invalid
 from specgen.serve.job import Delta, Done, Failed
 from specgen.serve.jobs import Queued, collect, queue_job, read_json, sse_response
+from specgen.serve.routing import Routes
 from specgen.serve.service import CLIENT_CLOSED, Service
 from specgen.serve.tool_calls import Call, Content
 
@@ -32,7 +33,7 @@ REFUSED = ("previous_response_id", "conversation", "background", "prompt")
 PASSED = ("temperature", "top_p", "parallel_tool_calls", "stream", "seed", "user")
 
 
-def add_responses_route(app: FastAPI, service: Service) -> None:
+def add_responses_route(app: Routes, service: Service) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         body = await read_json(service, request)

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from starlette.requests import Request
 
 from specgen.core.errors import SpecgenError
 from specgen.serve import limits
@@ -22,9 +22,10 @@ from specgen.serve.errors import invalid
 
 if TYPE_CHECKING:
     from specgen.api.pipeline import Pipeline
+    from specgen.serve.routing import Routes
 
 
-def add_routes(app: FastAPI, pipe: Callable[[], Pipeline], service: Any) -> None:
+def add_routes(app: Routes, pipe: Callable[[], Pipeline], service: Any) -> None:
     """The three routes on `app`, over the tokenizer of `pipe()` (the served model's)."""
 
     async def body_of(request: Request) -> dict:

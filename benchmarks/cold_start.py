@@ -22,8 +22,9 @@ name:
   the engine loads, serve/early.py) and until `/health` says the engine is loaded.
 
 `--baseline SRC` runs specgen's cases from another source tree too (the code before a
-change), in the same rounds. Python's bytecode caches go to a directory of their own
-(PYTHONPYCACHEPREFIX), so no tree is written to and every tree has its caches warm.
+change), in the same rounds, each tree with a specgen home of its own (filled by the warm
+run). Python's bytecode caches go to a directory of their own (PYTHONPYCACHEPREFIX), so
+no tree is written to and every tree has its caches warm.
 """
 
 from __future__ import annotations
@@ -201,8 +202,11 @@ def main() -> None:
     trees = {"specgen": SRC} | ({"before": args.baseline} if args.baseline else {})
     cases: list[Case] = []
     for label, src in trees.items():
+        # a home of its own per tree: each keeps one fast-start image per file and removes
+        # the file's others, so two trees sharing one would remove each other's
         env = {**base, "PYTHONPATH": f"{src}{os.pathsep}{base.get('PYTHONPATH', '')}",
-               "PYTHONPYCACHEPREFIX": str(work / f"pycache-{label}")}  # fmt: skip
+               "PYTHONPYCACHEPREFIX": str(work / f"pycache-{label}"),
+               "SPECGEN_HOME": str(work / f"home-{label}")}  # fmt: skip
         sg = [sys.executable, "-m", "specgen"]
         gen = [*sg, "generate", "Hi", "-n", "8", "--context", str(args.context)]
         cases += [

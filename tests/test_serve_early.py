@@ -91,6 +91,11 @@ def test_greedy_answers_come_before_the_load_and_are_the_engines(loaded):
         with served(worker) as http:
             health = http.get("/health").json()
             assert health["loading"] is True and health["methods"] == ["ar", "ngram"]
+            # the routes that read the model answer from the image's pipeline meanwhile
+            assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 64
+            assert http.post("/tokenize", json={"prompt": "Hello"}).json()["tokens"] == (
+                pipe.codec.encode_raw("Hello", special=True))  # fmt: skip
+            assert http.get("/metrics").status_code == 200
             early = [completion(http, p)["choices"][0]["text"] for p in PROMPTS]
             assert worker.loading  # all answered while the load waited
 

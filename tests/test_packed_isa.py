@@ -1,14 +1,15 @@
 """Each code path of the CPU kernels, whatever this machine runs natively.
 
 The kernels come in one library per instruction set (kernels/cpu_build.py): AVX-512 with
-VNNI (vpdpbusd) and without, AVX2 with AVX-VNNI (where a CPU has AVX-512 VNNI instead, the
-same 8-lane code in its encoding) and without, portable C. The best one runs by default, so
-a machine tests only its own; SPECGEN_CPU_ISA picks another, and here each one this CPU can
-execute reruns the exactness tests in a process of its own: the fp32-activation products
-(the dequantized product, rows independent of the rows beside them, the fused pass against
-a float64 model, every method greedy-identical to AR) where the build has its own fp32
-kernel, and the 8-bit-activation ones everywhere (their reference, rows and threads, the
-fused pass, the methods), and all builds' 8-bit products must be the same bits.
+VNNI and AMX's tiles, with VNNI (vpdpbusd) alone and without, AVX2 with AVX-VNNI (where a
+CPU has AVX-512 VNNI instead, the same 8-lane code in its encoding) and without, portable C.
+The best one runs by default, so a machine tests only its own; SPECGEN_CPU_ISA picks
+another, and here each one this CPU can execute reruns the exactness tests in a process of
+its own: the fp32-activation products (the dequantized product, rows independent of the
+rows beside them, the fused pass against a float64 model, every method greedy-identical to
+AR) where the build has its own fp32 kernel, and the 8-bit-activation ones everywhere
+(their reference, rows and threads, the fused pass, the methods), and all builds' 8-bit
+products must be the same bits.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ Q8 = (
 # variant: the path its library reports, its fp32 lanes, and whether its fp32 products are
 # a kernel of their own (else the same code as a build that tests them)
 BUILDS = {
+    "avx512vnni": ("avx512+vnni", 16, False),  # the vector kernels where the amx build runs
     "avx512": ("avx512", 16, False),  # the native build's 16-lane fp32 products
     "avxvnni": ("avx2+vnni", 8, False),  # the avx2 build's
     "avx2": ("avx2", 8, True),

@@ -30,7 +30,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent / "cpu"
 # one library: the products and the fused decoder pass that calls them (decoder.c)
-SOURCES = ("packed.c", "common.c", "f32x8.c", "f32x16.c", "q8.c", "q8x8.c", "q8x16.c", "decoder.c")
+SOURCES = ("packed.c", "common.c", "f32x8.c", "f32x16.c", "q8.c", "q8x8.c", "q8x16.c", "q8amx.c",
+           "decoder.c")  # fmt: skip
 HEADERS = ("packed.h",)
 BASE_FLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 PREFIX = "_packed_"  # kernels/cpu/_packed_<variant>.so: the libraries pip builds
@@ -52,6 +53,12 @@ class Variant:
 
 
 X86 = (  # best first
+    # AVX-512 VNNI with AMX's int8 tiles for many rows (q8amx.c)
+    Variant(
+        "amx",
+        ("-march=x86-64", *V4, "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+        (*V4_CPU, "avx512_vnni", "amx_tile", "amx_int8"),
+    ),
     Variant("avx512vnni", ("-march=x86-64", *V4, "-mavx512vnni"), (*V4_CPU, "avx512_vnni")),
     Variant("avx512", ("-march=x86-64", *V4), V4_CPU),
     Variant("avxvnni", ("-march=x86-64", *V3, "-mavxvnni"), (*V3_CPU, "avx_vnni")),

@@ -74,3 +74,13 @@ def activations() -> str:
     if act not in ACTIVATIONS:
         raise ValueError(f"SPECGEN_CPU_ACT={act!r}: use one of {', '.join(ACTIVATIONS)}")
     return act
+
+
+def amx(on: bool | None = None) -> bool:
+    """Whether products of many rows with 4-bit weights run on AMX's tiles (the amx build,
+    where the CPU and Linux allow; SPECGEN_CPU_AMX=0 says no); `on` sets it for this
+    process (tests hold the two paths to the same bits)."""
+    lib = compiled()
+    if lib is None:
+        return False
+    return bool(lib.packed_amx(-1 if on is None else int(on)))

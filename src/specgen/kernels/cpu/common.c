@@ -87,7 +87,9 @@ void group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xs) 
 const char *packed_source_hash(void) { return SPECGEN_SOURCE_HASH; }
 
 const char *packed_isa(void) {
-#if defined(WIDE) && defined(__AVX512VNNI__)
+#if defined(WIDE) && defined(__AVX512VNNI__) && defined(__AMX_INT8__)
+    return "avx512+vnni+amx";
+#elif defined(WIDE) && defined(__AVX512VNNI__)
     return "avx512+vnni";
 #elif defined(WIDE)
     return "avx512";

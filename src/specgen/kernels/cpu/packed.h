@@ -122,3 +122,27 @@ void q8_group_sums(const Q8Rows *x, int64_t group, float *X);
 /* a panel's scales (or minimums) as fp32 [G, P], columns past `cols` repeating the last */
 void q8_panel_scales(const void *table, int half, int64_t n0, int cols, int P, int64_t G,
                      float *out);
+
+/* ---- AMX tiles (q8amx.c: the amx build) ----
+ * whether products of many rows with 4-bit weights run on the tiles: set 0 (off) or 1 (on,
+ * where the CPU and Linux allow), or -1 to ask (first asked: on unless SPECGEN_CPU_AMX=0) */
+int packed_amx(int set);
+#if defined(WIDE) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#define AMX 1
+/* a product's rows as the tiles read them (the last tile's padded with q 0, its d and X 0),
+ * and the scratch of a tile's block sums; q8amx_start loads the thread's tile shapes,
+ * q8amx_end releases them */
+typedef struct {
+    int8_t *q;       /* [M rounded up to 16, K] as tiles: [M / 16, K / 32, 16, 32] */
+    float *d;        /* [M rounded up to 16, K/32] */
+    float *X;        /* [.., K/group], or NULL without minimums */
+    int32_t *c;      /* [K/32, 16, 16] */
+    int64_t M, K;
+} AmxRows;
+int q8amx_start(const Q8Rows *x, int64_t group, const float *X, AmxRows *a);
+void q8amx_end(AmxRows *a);
+/* the rows times one staged panel of 16 columns (its scales and minimums [G, 16]) into
+ * y[r * ldy + c0 + c] for c < cols */
+void q8amx_panel(const AmxRows *a, const void *staged, int64_t group, const float *s,
+                 const float *m, float *y, int64_t ldy, int64_t c0, int cols);
+#endif

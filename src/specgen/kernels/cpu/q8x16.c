@@ -31,6 +31,9 @@
 /* more rows than this: each panel's weights are turned once into scratch, then every block
  * of RB rows reads them from there (with fewer, the turn is redone per block of rows) */
 #define DIRECT 8
+/* at least this many rows with 4-bit weights: on the tiles where the build and CPU have them
+ * (q8amx.c) */
+#define AMX_ROWS 16
 #if defined(__AVX512VNNI__)
 #define VNNI 1
 #else
@@ -279,15 +282,25 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
                   const void *mins, int half, int64_t group, int64_t n0, int64_t n1, float *y,
                   int64_t ldy, const Panels *panels) {
     int64_t K = x->K, G = K / group, row = bits == 4 ? K / 2 : K, nb = K / 32;
+#if defined(AMX)
+    int amx = bits == 4 && group >= 32 && x->M >= AMX_ROWS && packed_amx(-1) == 1;
+#else
+    int amx = 0;
+#endif
+    int staged = x->M > DIRECT || amx;
     float *buf = malloc(sizeof(float) * (2 * P * G + x->M * G));
-    __m512i *stage = x->M > DIRECT ? _mm_malloc(sizeof(__m512i) * 8 * nb, 64) : NULL;
-    if (!buf || (x->M > DIRECT && !stage)) {
+    __m512i *stage = staged ? _mm_malloc(sizeof(__m512i) * 8 * nb, 64) : NULL;
+    if (!buf || (staged && !stage)) {
         free(buf);
         _mm_free(stage);
         return -1;
     }
     float *s = buf, *m = mins ? buf + P * G : NULL, *X = mins ? buf + 2 * P * G : NULL;
     if (mins) q8_group_sums(x, group, X);
+#if defined(AMX)
+    AmxRows tiles;
+    if (amx && q8amx_start(x, group, X, &tiles)) amx = 0; /* no memory for it: vectors */
+#endif
     if (panels && (panels->width != P || n0 % P)) panels = NULL;
     for (int64_t c0 = n0; c0 < n1; c0 += P) {
         int cols = n1 - c0 < P ? (int)(n1 - c0) : P;
@@ -309,6 +322,12 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
                 block_weights(p, bits, b, z);
                 for (int t = 0; t < 8; t++) _mm512_store_si512(stage + 8 * b + t, z[t]);
             }
+#if defined(AMX)
+        if (amx) {
+            q8amx_panel(&tiles, stage, group, ps, pm, y, ldy, c0, cols);
+            continue;
+        }
+#endif
         for (int64_t r0 = 0; r0 < x->M; r0 += RB) {
             int R = x->M - r0 < RB ? (int)(x->M - r0) : RB;
             __m512 out[RB];
@@ -316,6 +335,9 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
             for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + c0, keep, out[r]);
         }
     }
+#if defined(AMX)
+    if (amx) q8amx_end(&tiles);
+#endif
     free(buf);
     _mm_free(stage);
     return 0;

@@ -10,23 +10,36 @@ Every other request waits in the queue for the engine, which takes every job onc
 loaded; an answer begun here finishes here.
 
 It belongs to the worker (serve/worker.py): the queue, the end events and the counters
-are the worker's, so every job still ends with exactly one end event.
+are the worker's (`Host` names what it uses of them), so every job still ends with exactly
+one end event.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from specgen.api.quick import plain_greedy
 from specgen.core.config import AR
 from specgen.serve.answer import Answering
-from specgen.serve.job import CLIENT_GONE, SHUTDOWN, Failed, Job, client_gone, stopping
+from specgen.serve.job import CLIENT_GONE, SHUTDOWN, Done, Failed, Job, client_gone, stopping
 from specgen.serve.logprobs import Pending
 
-if TYPE_CHECKING:
-    from specgen.serve.worker import Worker
+
+class Host(Protocol):
+    """What `Early` uses of its worker (serve/worker.Worker)."""
+
+    _closing: threading.Event  # the server is leaving
+    _loaded: threading.Event  # the pipelines are in: no job is taken here any more
+
+    def _take(self, answerable: Callable[[Job], bool]) -> Job | None: ...
+    def _guarded(self, job: Job, run: Callable[[], None]) -> None: ...
+    def _cancelled(self, job: Job) -> bool: ...
+    def _end(self, job: Job, event: Done | Failed) -> None: ...
+    def _post(self, job: Job, event: Any) -> None: ...
+    def _ended(self, job: Job, answering: Answering, *, error: Exception | None,
+               cut_by: str | None, slot: int | None) -> None: ...  # fmt: skip
 
 
 def answerable(job: Job) -> bool:
@@ -44,7 +57,7 @@ def answerable(job: Job) -> bool:
 class Early:
     """The thread that answers from `pipe` until the worker's pipelines are loaded."""
 
-    def __init__(self, worker: Worker, pipe: Any, methods: Sequence[str]) -> None:
+    def __init__(self, worker: Host, pipe: Any, methods: Sequence[str]) -> None:
         self.worker, self.pipe, self.methods = worker, pipe, tuple(methods)
         self.wake = threading.Event()  # a job was queued
         self.running = 0  # answers in progress here (0 or 1)

@@ -97,6 +97,8 @@ def test_greedy_answers_come_before_the_load_and_are_the_engines(loaded):
                 pipe.codec.encode_raw("Hello", special=True))  # fmt: skip
             assert http.get("/metrics").status_code == 200
             early = [completion(http, p)["choices"][0]["text"] for p in PROMPTS]
+            long = completion(http, PROMPTS[0], max_tokens=40, ignore_eos=True)
+            assert long["usage"]["completion_tokens"] == 40  # stop tokens let through
             assert worker.loading  # all answered while the load waited
 
             # what the image cannot answer waits for the engine
@@ -123,6 +125,8 @@ def test_greedy_answers_come_before_the_load_and_are_the_engines(loaded):
 
             engine = [completion(http, p)["choices"][0]["text"] for p in PROMPTS]
             assert early == engine
+            again = completion(http, PROMPTS[0], max_tokens=40, ignore_eos=True)
+            assert again["choices"] == long["choices"]
             again = completion(http, PROMPTS[0], temperature=0.8, seed=3)
             assert again["choices"][0]["text"] == waiting["sampled"]["choices"][0]["text"]
     finally:

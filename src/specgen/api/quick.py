@@ -207,9 +207,11 @@ class QuickPipeline:
         return self.codec.encode_prompt(prompt, raw=raw, think=think)
 
     def stream_ids(self, prompt_ids: list[int], *, sampling: SamplingParams | None = None,
-                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Iterator[Chunk]:  # fmt: skip
+                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                   ignore_eos: bool = False) -> Iterator[Chunk]:  # fmt: skip
         """As `Pipeline.stream_ids` for a greedy AR answer (the cache keeps the longest
-        prefix the previous answer shares with this prompt, as a session does)."""
+        prefix the previous answer shares with this prompt, as a session does);
+        `ignore_eos`: stop tokens do not end it."""
         checked_max_new_tokens(max_new_tokens)
         if sampling is not None and not plain_greedy(sampling):
             raise SpecgenError("the fast start answers greedily only")  # open_quick's rule
@@ -219,7 +221,8 @@ class QuickPipeline:
         detok = Detokenizer(self.codec)
         output: list[int] = []
         try:
-            for event in self._decode(new_ids, max_new_tokens):
+            stops = frozenset() if ignore_eos else self.codec.stop_ids
+            for event in self._decode(new_ids, max_new_tokens, stops):
                 output.extend(event.tokens)
                 stats.record(event)
                 yield chunk_of(event, detok, stats)
@@ -233,8 +236,9 @@ class QuickPipeline:
         self.ids, self.length = list(prompt_ids[:keep]), keep
         return list(prompt_ids[keep:])
 
-    def _decode(self, new_ids: list[int], max_new_tokens: int) -> Iterator[StepEvent]:
-        answer = Answer(max_new_tokens, self.codec.stop_ids)
+    def _decode(self, new_ids: list[int], max_new_tokens: int,
+                stops: frozenset[int]) -> Iterator[StepEvent]:  # fmt: skip
+        answer = Answer(max_new_tokens, stops)
         for start in range(0, len(new_ids), CHUNK):
             logits = self._pass(new_ids[start : start + CHUNK])
         while True:

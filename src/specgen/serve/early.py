@@ -4,7 +4,7 @@ A full load imports torch (about a second on two cores) and builds the engine, t
 embedded default's greedy answers run in C. So when the fast start's image is there
 (api/quick.py), `serve` answers at once: while the worker thread loads the pipelines, this
 thread answers the queued requests the image can (`answerable`: AR, plain greedy, no
-echo, schema or ignore_eos), one at a time, with the image's pipeline: the same bytes and
+echo or schema), one at a time, with the image's pipeline: the same bytes and
 per-row arithmetic, so the same tokens the engine would give (tests/test_serve_early.py).
 Every other request waits in the queue for the engine, which takes every job once it is
 loaded; an answer begun here finishes here.
@@ -49,7 +49,6 @@ def answerable(job: Job) -> bool:
         and plain_greedy(job.sampling)
         and not job.echo
         and job.constraint is None
-        and not job.ignore_eos
         and job.max_tokens > 0
     )
 
@@ -90,8 +89,9 @@ class Early:
             return
         answering = Answering(job, self.pipe, worker._post, names=None, pending=Pending())
         chunks = self.pipe.stream_ids(
-            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens
-        )
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_tokens,
+            ignore_eos=job.ignore_eos,
+        )  # fmt: skip
         cut_by = None
         try:
             for chunk in chunks:

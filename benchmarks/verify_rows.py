@@ -64,7 +64,8 @@ def main() -> None:
             os.environ["SPECGEN_CPU_ACT"] = act
             if fused is not None:  # the same pass, its products told what to multiply
                 fused.model.act = ACTIVATIONS[act]
-                model.__dict__["_fused"] = (model.__dict__["_fused"][0][:2] + (act,), fused)
+                key = model.__dict__["_fused"][0]  # (generation, wanted, acts, kv kind)
+                model.__dict__["_fused"] = (key[:2] + (act,) + key[3:], fused)
             for n in sizes:
                 start = clock()
                 model(blocks[n], cache)

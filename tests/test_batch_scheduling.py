@@ -34,6 +34,19 @@ def test_past_its_longest_verify_a_forward_is_priced_on_a_line():
     assert rows_seconds(TABLE, 100, 9) == pytest.approx(2.2 + 4 * 0.3)
 
 
+def test_a_noisy_tables_rows_are_priced_rising_and_past_it_by_its_mean_slope():
+    """Timings (and the ratios a busy server's steps correct them by) are noisy: where a
+    table's last entries fall, a forward of more rows must not look cheaper, nor rows past
+    the table free (the slope of the last two once was negative: 8 answers' drafts were
+    priced as free and ngram ran at 0.8x AR under load)."""
+    noisy = CostTable(contexts=(100,), seconds=((1.0, 1.3, 1.9, 1.6, 1.4),))
+    priced = [rows_seconds(noisy, 100, r) for r in range(1, 12)]
+    assert priced[:5] == [1.0, 1.3, 1.9, 1.9, 1.9]
+    assert priced[5:] == pytest.approx([1.9 + n * (1.9 - 1.0) / 4 for n in range(1, 7)])
+    assert priced == sorted(priced)
+    assert OneForward((1.0, 1.2, 1.1)).seconds(noisy, [(100, 1), (100, 1), (100, 1)]) == 1.2
+
+
 def test_separate_forwards_add_up_and_one_forward_prices_its_rows():
     parts = [(100, 1), (100, 3)]
     assert SeparateForwards().seconds(TABLE, parts) == pytest.approx(1.0 + 1.6)

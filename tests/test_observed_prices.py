@@ -39,6 +39,20 @@ def test_each_verify_length_is_scaled_by_the_median_of_its_last_ratios():
     assert seen.ratio(1) == pytest.approx(1.0 + (2.5 - 1.0) / 3)  # still on the line
 
 
+def test_a_longer_verify_is_never_priced_below_a_shorter_one():
+    """Each length's ratio is its own steps' median; on a busy machine neighbouring lengths'
+    differ by more than a row costs, which once priced 6 rows above 8 and made drafting
+    more look cheaper than drafting less."""
+    seen = ObservedPrices()
+    table = CostTable(contexts=(100, 1000), seconds=((1.0, 1.1, 1.2, 1.3), (2.0, 2.2, 2.4, 2.6)))
+    for verify, ratio in ((0, 1.0), (1, 2.0), (2, 1.0), (3, 1.1)):
+        for _ in range(MIN_SAMPLES):
+            seen.record(verify, ratio, 1.0)
+    fixed = seen.corrected(table)
+    assert fixed.step_seconds(100) == pytest.approx([1.0, 2.2, 2.2, 2.2])
+    assert fixed.step_seconds(1000) == pytest.approx([2.0, 4.4, 4.4, 4.4])
+
+
 def test_a_median_that_barely_moves_does_not_make_the_schedulers_price_again():
     seen = ObservedPrices()
     for _ in range(MIN_SAMPLES):
@@ -123,6 +137,9 @@ def test_seeded_answers_keep_the_tables_prices():
     schedulers.reprice(again, a, seeded)
     assert a.observed is schedulers.observed and a.observed.ratio(1) is None  # a new table
     assert a.costs is again and schedulers.new().costs is again
+    # b was not named (an idle session's, or another answer's in the batch): it too prices
+    # by the new table and keeps its steps in the one new record
+    assert b.costs is again and b.observed is schedulers.observed
     # measured again mid-process (engine/costs.CostWatch): seeded answers keep deciding from
     # the table as first given, the running one and every later one, so a seed repeats
     assert seeded.costs is costs

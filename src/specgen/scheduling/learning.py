@@ -4,6 +4,8 @@ first steps relearning the acceptance rates the last one already measured."""
 
 from __future__ import annotations
 
+import weakref
+
 from specgen.core.config import SamplingParams, VerifyPolicy
 from specgen.scheduling.cost import CostTable
 from specgen.scheduling.observed import ObservedPrices
@@ -31,6 +33,10 @@ class Schedulers:
         # how this pipeline's forwards ran against its table: for a table measured here
         # (`observe`); prices handed in (tests, what-if runs) are taken as they are
         self.observed = ObservedPrices() if observe else None
+        # every scheduler handed out and still alive (idle sessions' too): a new table
+        # reaches them all, or answers in one batch would price by two tables and keep
+        # their steps' ratios in two records
+        self._made: weakref.WeakSet[VerifyScheduler] = weakref.WeakSet()
 
     def new(self, *, learn: bool = True) -> VerifyScheduler | None:
         """The scheduler a new answer starts with (from what the last one learnt, and
@@ -45,6 +51,7 @@ class Schedulers:
             return None
         scheduler = VerifyScheduler(self.policy, costs)
         scheduler.keeps_costs = not learn
+        self._made.add(scheduler)
         if learn:
             scheduler.observed = self.observed
             if self.learnt is not None:
@@ -70,13 +77,14 @@ class Schedulers:
 
     def reprice(self, costs: CostTable, *running: VerifyScheduler | None) -> None:
         """Costs measured again: they decide from now on, in new schedulers, the learnt
-        one and the `running` ones (a session's, mid-conversation); a seeded answer's
-        keep the table as first given (`seeded_costs`)."""
+        one, the `running` ones and every other this pipeline handed out (sessions idle or
+        mid-conversation, answers in the same batch); a seeded answer's keep the table as
+        first given (`seeded_costs`)."""
         self.costs = costs
         if self.observed is not None:  # ratios to the old table say nothing of the new
             self.observed = ObservedPrices()
-        for scheduler in (*running, self.learnt):
-            if scheduler is not None and not scheduler.keeps_costs:
+        for scheduler in {*running, self.learnt, *self._made} - {None}:
+            if not scheduler.keeps_costs:
                 scheduler.costs = costs
                 if scheduler.observed is not None:
                     scheduler.observed = self.observed

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from specgen.scheduling.cost import CostTable
+from specgen.scheduling.cost import CostTable, rising
 
 # (tokens of context, rows) of one answer's part of a step
 Part = tuple[int, int]
@@ -103,19 +103,18 @@ class OneForward:
 
 
 def _on_a_line(by_rows: Sequence[float], rows: int) -> float:
-    """A forward over `rows` rows: never cheaper than one over fewer (the prices are
-    timings, and their noise must not make a longer block look cheaper), and past the
-    table on a line of its mean cost per row. The last two entries' difference, the slope
-    once taken, was noise as often as not: corrected by what steps showed on a busy
+    """A forward over `rows` rows: never cheaper than one over fewer (`rising`), and past
+    the table on a line of its mean cost per row. The last two entries' difference, the
+    slope once taken, was noise as often as not: corrected by what steps showed on a busy
     server, a table's last two rows once fell by 0.8 ms, rows past it priced as free, and
     ngram at 8 answers verified five times the drafts and ran at 0.8x AR."""
-    if rows <= len(by_rows):
-        return max(by_rows[:rows])
-    top = max(by_rows)
-    if len(by_rows) < 2:
-        return top * rows
-    slope = (top - by_rows[0]) / (len(by_rows) - 1)
-    return top + slope * (rows - len(by_rows))
+    priced = rising(by_rows)
+    if rows <= len(priced):
+        return priced[rows - 1]
+    if len(priced) < 2:
+        return priced[-1] * rows
+    slope = (priced[-1] - priced[0]) / (len(priced) - 1)
+    return priced[-1] + slope * (rows - len(priced))
 
 
 def batch_prices(

@@ -11,11 +11,20 @@ lengths and interpolated linearly in between (extrapolated beyond).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # GenStats.shapes: context, drafter, tokens proposed, verify length, tokens committed
 Shape = tuple[int, str | None, int, int, int]
+
+
+def rising(seconds: Sequence[float]) -> tuple[float, ...]:
+    """Prices of forwards over more and more rows, each at least the ones before it: they
+    are timings (and medians of a busy machine's ratios to them), whose noise between
+    neighbouring lengths exceeds what a row costs, and a longer block priced below a
+    shorter one makes drafting more look cheaper than drafting less."""
+    return tuple(itertools.accumulate(seconds, max))
 
 
 @dataclass(frozen=True)

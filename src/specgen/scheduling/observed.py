@@ -27,7 +27,7 @@ import statistics
 from collections import deque
 from dataclasses import replace
 
-from specgen.scheduling.cost import CostTable
+from specgen.scheduling.cost import CostTable, rising
 
 WINDOW = 15  # ratios per verify length: the median of the last ones (a busy machine's are
 # heavy-tailed, and the load changes)
@@ -104,23 +104,11 @@ class ObservedPrices:
         if self._table is not None and self._table[0] == key:
             return self._table[1]
         ratios = [self.ratio(n) or 1.0 for n in range(table.max_drafts + 1)]
-        seconds = tuple(_rising([s * r for s, r in zip(row, ratios, strict=True)])
+        seconds = tuple(rising([s * r for s, r in zip(row, ratios, strict=True)])
                         for row in table.seconds)  # fmt: skip
         made = replace(table, seconds=seconds)
         self._table = (key, made)
         return made
-
-
-def _rising(row: list[float]) -> tuple[float, ...]:
-    """Each verify length's price at least the shorter ones': each length's ratio is its
-    own steps' median, and on a busy machine those of neighbouring lengths differ by more
-    than what a row costs, so a longer block could be priced below a shorter one and
-    drafting more would look cheaper than drafting less."""
-    out, top = [], 0.0
-    for s in row:
-        top = max(top, s)
-        out.append(top)
-    return tuple(out)
 
 
 def _settle(medians: dict, key, seen: deque[float]) -> bool:

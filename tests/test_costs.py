@@ -161,3 +161,42 @@ def test_threads_option(tiny_llama):
     bad = runner.invoke(app, [*base, "--threads", "0"])
     assert bad.exit_code == 2 and "--threads must be at least 1" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def _stale_pipe(tiny_qwen3_deep, tiny_dflash, monkeypatch, tmp_path, notes):
+    """A dflash pipeline whose measured table prices every step 50x too dear (as if
+    measured while another process had the CPU), on the fake clock; and its AR."""
+    from specgen.core import clock
+
+    monkeypatch.setattr(clock, "now", FakeClock())
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path))
+    ar = Pipeline.load(str(tiny_qwen3_deep), device="cpu", dtype="float32")
+    spec = SpecConfig(method="dflash", drafter=str(tiny_dflash))
+    pipe = ar.with_spec(spec, notify=notes.append)
+    slow = tuple(tuple(50 * s for s in row) for row in pipe.costs.seconds)
+    pipe.costs = replace(pipe.costs, seconds=slow)
+    return ar, pipe
+
+
+def test_measuring_again_gives_way_to_waiting_requests(
+    tiny_qwen3_deep, tiny_dflash, monkeypatch, tmp_path
+):
+    notes: list[str] = []
+    ar, pipe = _stale_pipe(tiny_qwen3_deep, tiny_dflash, monkeypatch, tmp_path, notes)
+    stale = pipe.costs
+    text, n = "The quick brown fox", CHECK_STEPS + 8
+    want = ar.generate(text, raw=True, max_new_tokens=n).token_ids
+    asked = []
+    pipe.busy = lambda: asked.append(1) or len(asked) > 3  # a request comes mid-measurement
+    assert pipe.generate(text, raw=True, max_new_tokens=n).token_ids == want
+    assert 3 < len(asked) < 8  # stopped at the forward after the request came
+    assert any("stopped measuring" in note for note in notes)
+    assert pipe.costs is stale  # kept as they were
+    pipe.busy = lambda: True  # a request waits when the next answer ends: nothing begins
+    notes.clear()
+    assert pipe.generate(text, raw=True, max_new_tokens=n).token_ids == want
+    assert not any("measur" in note for note in notes) and pipe.costs is stale
+    pipe.busy = lambda: False  # idle again: the steps judge the table anew, and it is measured
+    assert pipe.generate(text, raw=True, max_new_tokens=n).token_ids == want
+    assert any("measuring them again" in note for note in notes)
+    assert pipe.costs.seconds[0][0] < stale.seconds[0][0] / 5

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -222,10 +224,13 @@ class ScriptedPipe:
     context = 64
     costs = None  # no cost table: no modeled speedup
     model = SimpleNamespace(args=SimpleNamespace(vocab_size=100))
-    scripts = {"ok": ["ab", "cE", "ND", "x"], "boom": [], "late boom": ["a", "b"]}
+    scripts = {"ok": ["ab", "cE", "ND", "x"], "boom": [], "late boom": ["a", "b"], "held": ["h"]}
 
     def __init__(self) -> None:
         self.closed = 0  # streams closed (a stop or a bug ends them at once)
+        self.hold = threading.Event()  # "held" answers wait for it before their step
+        self.hold.set()
+        self.busy_at_end: list[bool] = []  # `busy` as each "held" answer ended
 
     def encode(self, prompt, raw=False, think=None):
         return [list(self.scripts).index(prompt)] * 3
@@ -245,6 +250,9 @@ class ScriptedPipe:
             for i, text in enumerate(pieces):
                 if name == "late boom" and i == 1:
                     raise RuntimeError("late boom")
+                if name == "held":  # where a Pipeline judges its costs, it asks `busy`
+                    self.hold.wait(30)
+                    self.busy_at_end.append(self.busy())
                 stats.record_step(1, 0, 0, "length" if i == len(pieces) - 1 else None)
                 yield Chunk(text, (i,), stats)
         finally:
@@ -297,3 +305,32 @@ def test_once_cut_an_answer_not_started_is_a_503_and_never_runs(scripted):
     r = http.post("/v1/completions", json={"prompt": "ok"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
     assert pipe.closed == 0
+
+
+def test_a_pipelines_cost_measurement_gives_way_to_the_requests_queued(scripted):
+    """The worker tells its pipelines when requests wait (`Pipeline.busy`): a cost table
+    measured again after an answer stops for them (tests/test_costs.py) instead of holding
+    the queue up for its few seconds."""
+    http, pipe, worker = scripted
+    assert pipe.busy() is False  # idle
+    pipe.hold.clear()
+    answers = []
+
+    def ask(prompt: str) -> None:
+        answers.append(http.post("/v1/completions", json={"prompt": prompt}))
+
+    first = threading.Thread(target=ask, args=("held",))
+    first.start()
+    while worker.running < 1:
+        time.sleep(0.01)
+    second = threading.Thread(target=ask, args=("ok",))  # one slot: it waits in the queue
+    second.start()
+    while worker.queued < 1:
+        time.sleep(0.01)
+    pipe.hold.set()
+    first.join(30), second.join(30)
+    assert [r.status_code for r in answers] == [200, 200]
+    assert pipe.busy_at_end == [True]  # the held answer ended with a request queued
+    assert pipe.busy() is False
+    worker.cut_all()
+    assert pipe.busy() is True  # stopping: nothing is measured any more

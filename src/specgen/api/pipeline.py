@@ -25,7 +25,7 @@ from specgen.core.errors import OptionError, PromptError, SpecgenError
 from specgen.core.events import TokenLogprob
 from specgen.core.stats import GenStats
 from specgen.drafting import DraftMethod
-from specgen.engine.costs import CostWatch
+from specgen.engine.costs import Busy, CostWatch
 from specgen.engine.run import decode
 from specgen.engine.score import score_prompt
 from specgen.engine.session import Session
@@ -79,6 +79,9 @@ class Pipeline:
             spec.verify_policy, costs, len(self.drafters), observe=watch is not None
         )
         self._watch = watch
+        # whether requests wait for this pipeline (a server sets it): a cost table measured
+        # again mid-serve gives way to them (engine/costs.CostWatch)
+        self.busy: Busy | None = None
         entry = MODELS.get(name)
         # the chat template's thinking mode the registry's drafters were trained with
         self.thinking: bool | None = entry.thinking if entry else None
@@ -308,7 +311,7 @@ class Pipeline:
         """An answer that ran to its end, alone: its steps judge the cost table (measured
         again when they disagree, engine/costs.CostWatch)."""
         if self._watch is not None:
-            self._watch.after(stats, self.schedulers, session.scheduler)
+            self._watch.after(stats, self.schedulers, session.scheduler, busy=self.busy)
 
     def streams(self, parallel: int = 4) -> Streams:
         """Up to `parallel` answers at once on this pipeline, their steps batched

@@ -35,6 +35,19 @@ CHECK_STEPS = 32  # decoding steps a cost table is held against before it is jud
 DRIFT = 2.0  # steps this many times faster or slower than the table: it is stale
 HOST_SLACK = 0.002  # seconds of host work a step may add to its forward (sampling, Python)
 
+# Says whether requests are waiting (a server's queue): a measurement made mid-serve then
+# stops at its next timed forward instead of holding them up for its few seconds.
+Busy = Callable[[], bool]
+
+
+class Interrupted(Exception):
+    """A measurement stopped because `busy` said requests were waiting."""
+
+
+def _check(busy: Busy | None) -> None:
+    if busy is not None and busy():
+        raise Interrupted
+
 
 @dataclass
 class CostCheck:
@@ -89,14 +102,22 @@ class CostWatch:
         self.check: CostCheck | None = CostCheck()  # None: measured again already
 
     def after(
-        self, stats: GenStats, schedulers: Schedulers, *running: VerifyScheduler | None
+        self,
+        stats: GenStats,
+        schedulers: Schedulers,
+        *running: VerifyScheduler | None,
+        busy: Busy | None = None,
     ) -> None:
         """After an answer that ran to its end: judge `schedulers.costs` by its steps and,
-        when stale, measure again and reprice them and the `running` schedulers."""
+        when stale, measure again and reprice them and the `running` schedulers. With
+        `busy`, the measurement gives way to waiting requests: it stops (the table stays),
+        and the steps of later answers judge the table anew."""
         if self.check is None or schedulers.costs is None:
             return
         ratio = self.check.stale(stats, schedulers.costs)
         if ratio is None:
+            return
+        if busy is not None and busy():  # not begun: judged again after more steps
             return
         self.check = None
         if self.notify:
@@ -104,9 +125,16 @@ class CostWatch:
                 f"decoding steps ran at {ratio:.2f}x the measured step costs: measuring them "
                 "again (--measure-costs does this up front)"
             )
-        costs = cached_costs(
-            self.model, self.key, self.method, self.notify, graphs=self.graphs, fresh=True
-        )
+        try:
+            costs = cached_costs(
+                self.model, self.key, self.method, self.notify, graphs=self.graphs,
+                fresh=True, busy=busy,
+            )  # fmt: skip
+        except Interrupted:
+            self.check = CostCheck()
+            if self.notify:
+                self.notify("stopped measuring: requests are waiting (the costs stay as they were)")
+            return
         schedulers.reprice(costs, *running)
 
 
@@ -122,8 +150,10 @@ def measure_costs(
     contexts: tuple[int, ...] = PROFILE_CONTEXTS,
     repeats: int = 5,
     graphs: bool = False,
+    busy: Busy | None = None,
 ) -> CostTable:
-    """Time target forwards over blocks of 1..max_drafts+1 tokens after each context.
+    """Time target forwards over blocks of 1..max_drafts+1 tokens after each context
+    (`Interrupted` before any of them when `busy` says so).
 
     Sizes are interleaved across sweeps and each keeps its fastest run: on a shared machine
     interference only ever adds time. `graphs` (CUDA): each block replayed as the CUDA graph
@@ -148,6 +178,7 @@ def measure_costs(
         seconds = [float("inf")] * (max_drafts + 1)
         for sweep in range(repeats + 1):  # the first sweep warms up
             for n, block in enumerate(blocks):
+                _check(busy)
                 _sync(device)
                 start = clock.now()
                 forward(block, cache)
@@ -160,7 +191,12 @@ def measure_costs(
 
 
 def measure_draft_seconds(
-    method: DraftMethod, model: Transformer, *, context: int = DRAFT_CONTEXT, repeats: int = 5
+    method: DraftMethod,
+    model: Transformer,
+    *,
+    context: int = DRAFT_CONTEXT,
+    repeats: int = 5,
+    busy: Busy | None = None,
 ) -> tuple[float, ...]:
     """A drafter's time per step after `context` tokens, for each draft length k = 1..its
     longest ([k - 1]): observe the anchor and two accepted tokens, propose k tokens (a
@@ -178,6 +214,7 @@ def measure_draft_seconds(
     best = [float("inf")] * method.max_draft_tokens
     for attempt in range(repeats + 1):  # the first warms up
         for k in range(1, method.max_draft_tokens + 1):
+            _check(busy)
             _sync(device)
             start = clock.now()
             drafter.observe(ids[0, context:].tolist(), step)
@@ -221,10 +258,12 @@ def cached_costs(
     *,
     graphs: bool = False,
     fresh: bool = False,
+    busy: Busy | None = None,
 ) -> CostTable:
     """The cost table of `method` on `model` (`key`: the model's identity): the target's
     verify costs up to its longest draft (`target_costs`) and each mounted drafter's draft
-    costs, measuring what is missing once; `fresh`: measuring all of it again."""
+    costs, measuring what is missing once; `fresh`: measuring all of it again (`busy`:
+    see `measure_costs`)."""
     ident = _identity(model, key, graphs)
     table = None if fresh else _load_table(_cache_path(ident), method.max_draft_tokens)
     keys = {name: f"{ident}|drafter={part.cache_key}" for name, part in method.mounted.items()}
@@ -239,9 +278,11 @@ def cached_costs(
         notify(_measuring(verify, missing, fresh, guess))
     start = time.perf_counter()
     if table is None:
-        table = target_costs(model, key, method.max_draft_tokens, graphs=graphs, fresh=True)
+        table = target_costs(
+            model, key, method.max_draft_tokens, graphs=graphs, fresh=True, busy=busy
+        )
     for name in missing:
-        drafts[name] = _measure_draft_costs(model, method.mounted[name], keys[name])
+        drafts[name] = _measure_draft_costs(model, method.mounted[name], keys[name], busy)
     if notify and (verify or missing):  # one line for all of it, naming each part
         notify(_measured(verify, missing, fresh, time.perf_counter() - start))
     return CostTable(table.contexts, table.seconds, drafts)
@@ -318,15 +359,17 @@ def target_costs(
     *,
     graphs: bool = False,
     fresh: bool = False,
+    busy: Busy | None = None,
 ) -> CostTable:
     """The target's verify costs for up to `max_drafts` drafts, measured once and cached
     (`fresh`: measured again). `graphs`: the session decodes with CUDA graphs, so the steps
-    are timed as replays."""
+    are timed as replays. `busy`: see `measure_costs`."""
     ident = _identity(model, key, graphs)
     table = None if fresh else _load_table(_cache_path(ident), max_drafts)
     if table is None:
         start = time.perf_counter()
-        table = measure_costs(model, max_drafts, graphs=graphs and model.device.type == "cuda")
+        cuda = graphs and model.device.type == "cuda"
+        table = measure_costs(model, max_drafts, graphs=cuda, busy=busy)
         record = {"key": ident, "contexts": table.contexts, "seconds": table.seconds}
         _write_json(_cache_path(ident), record)
         if notify:
@@ -355,8 +398,10 @@ def _load_draft_costs(ident: str, max_draft_tokens: int) -> tuple[float, ...] | 
     return by_length[:max_draft_tokens] if len(by_length) >= max_draft_tokens else None
 
 
-def _measure_draft_costs(model: Transformer, method: DraftMethod, ident: str) -> tuple[float, ...]:
-    by_length = measure_draft_seconds(method, model)
+def _measure_draft_costs(
+    model: Transformer, method: DraftMethod, ident: str, busy: Busy | None = None
+) -> tuple[float, ...]:
+    by_length = measure_draft_seconds(method, model, busy=busy)
     _write_json(_cache_path(ident), {"key": ident, "by_length": by_length})
     return tuple(by_length[: method.max_draft_tokens])
 

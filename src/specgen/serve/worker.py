@@ -210,6 +210,8 @@ class Worker:
             if self._closing.is_set():
                 raise SpecgenError("the server stopped before the model loaded")
             pipes = self._load()
+            for pipe in pipes.values():  # a cost table measured again gives way to requests
+                pipe.busy = self._requests_wait
             streams = self._make_streams(pipes, self.parallel)
         except BaseException as e:  # handed to start(), raised in the main thread
             self._load_error = e
@@ -231,6 +233,11 @@ class Worker:
             self._step()
         self._cut_left()  # closing: every answer still in a slot is cut
         self._drain_queue()
+
+    def _requests_wait(self) -> bool:
+        """Requests are queued, or the server is stopping (read without the lock: a stale
+        answer only delays a cost measurement, or lets it run a moment longer)."""
+        return bool(self._queue) or self._cutting.is_set()
 
     def _next(self) -> Job | None:
         with self._lock:

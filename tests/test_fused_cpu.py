@@ -5,6 +5,10 @@ eager layers."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import platform
+
 import pytest
 import torch
 
@@ -69,6 +73,7 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, narrow_l
     for i in taps:
         scale = want_taps[i].abs().max().item()
         torch.testing.assert_close(got_taps[i].double(), want_taps[i], atol=1e-5 * scale, rtol=0)
+
     # ... and at least as close to it as the eager layers on the same products, position by
     # position (the median: a random tiny model has a position or two so ill-conditioned that
     # any change of fp32 rounding moves its error 10x either way, in either pass)
@@ -338,3 +343,32 @@ def test_keys_and_values_round_to_fp16_as_torch_does():
         out = torch.empty(x.numel(), dtype=torch.int16)
         kv_round()(x.data_ptr(), out.data_ptr(), x.numel(), portable)
         assert torch.equal(out, want), portable
+
+
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="the gate's e^x is glibc's x86-64 expf, operation for operation",
+)
+def test_the_gates_exp_is_libms_expf_bit_for_bit():
+    """decoder.c's gate takes e^x in 8 lanes as glibc's expf computes it (checked for all
+    2^32 inputs when it was written): here half a million, bit patterns at random
+    (NaN, inf and subnormals among them), the range the gate meets densely, and the edges
+    where libm under- and overflows; 8 lanes at a time and one by one (an odd count)."""
+    from specgen.kernels.decoder_cpu import gate_exp
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.argtypes, libm.expf.restype = [ctypes.c_float], ctypes.c_float
+    gen = torch.Generator().manual_seed(11)
+    bits = torch.randint(-(2**31), 2**31, (1 << 18,), generator=gen, dtype=torch.int64)
+    dense = torch.linspace(-105.0, 90.0, 1 << 18)
+    edges = torch.tensor([0.0, -0.0, 88.72, 88.7228, 88.723, -103.28, -103.2789, -103.972,
+                          -103.98, -87.3, 1e-30, -1e-30, float("inf"), -float("inf"),
+                          float("nan")])  # fmt: skip
+    x = torch.cat([bits.to(torch.int32).view(torch.float32), dense, edges]).contiguous()
+    x = x[: x.numel() // 8 * 8 + 5]  # the last 5 one by one
+    got = torch.empty_like(x)
+    gate_exp()(x.data_ptr(), got.data_ptr(), x.numel())
+    want = torch.tensor([libm.expf(v) for v in x.tolist()], dtype=torch.float32)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))

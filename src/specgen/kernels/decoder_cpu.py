@@ -135,3 +135,15 @@ def kv_round():
     f.argtypes = [ptr, ptr, i64, ctypes.c_int]
     f.restype = None
     return f
+
+
+def gate_exp():
+    """decoder.c's e^x for the MLP's gate (`decoder_exp(x, out, n)`: 8 lanes at a time where
+    the build has them, the last n % 8 one by one), for its test; None without the library."""
+    lib = compiled()
+    if lib is None:
+        return None
+    f = lib.decoder_exp
+    f.argtypes = [ptr, ptr, i64]
+    f.restype = None
+    return f

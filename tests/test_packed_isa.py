@@ -7,9 +7,9 @@ The best one runs by default, so a machine tests only its own; SPECGEN_CPU_ISA p
 another, and here each one this CPU can execute reruns the exactness tests in a process of
 its own: the fp32-activation products (the dequantized product, rows independent of the
 rows beside them, the fused pass against a float64 model, every method greedy-identical to
-AR, the gate's e^x against libm's) where the build has its own fp32 kernel, and the 8-bit-activation ones everywhere
-(their reference, rows and threads, the fused pass, the methods), and all builds' 8-bit
-products must be the same bits.
+AR, the gate's e^x against libm's) where the build has its own fp32 kernel, and the
+8-bit-activation ones everywhere (their reference, rows and threads, the fused pass, the
+methods), and all builds' 8-bit products must be the same bits.
 """
 
 from __future__ import annotations

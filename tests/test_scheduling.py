@@ -67,8 +67,32 @@ def test_only_positions_that_were_judged_count():
         _step(tracker, 0, verified=4, accepted=1)  # position 3 and 4 were never judged
     rates = survival(tracker.rates(0, 4))
     assert rates[0] > 0.9 and rates[1] / rates[0] < 0.1
-    # positions 3 and 4 keep the prior conditional rate: no evidence about them
-    assert rates[3] / rates[2] == pytest.approx(PRIOR_RATE)
+    # positions 3 and 4: no evidence about them, so position 2's conditional rate
+    conditional = tracker.rates(0, 4)
+    assert conditional[2] == pytest.approx(conditional[1]) == pytest.approx(conditional[3])
+
+
+def test_a_position_never_verified_takes_the_rate_of_the_one_before():
+    """A copying drafter verified three deep, every draft accepted: its fourth position is
+    priced as its third, not at the prior, so the scheduler verifies deeper and learns
+    what the fourth is worth (priced at the prior, it was never verified, and never
+    learnt otherwise)."""
+    from specgen.core.config import VerifyPolicy
+    from specgen.scheduling.cost import CostTable
+    from specgen.scheduling.scheduler import VerifyScheduler
+
+    table = CostTable(contexts=(100,), seconds=((1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6),))
+    scheduler = VerifyScheduler(VerifyPolicy.parse("cost"), table)
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    for _ in range(30):
+        scheduler.record(Draft(tokens=tokens, bucket=2), accepted=3)
+    conditional = scheduler.history.rates(2, 6)
+    assert conditional[0] > 0.9 and conditional[3:] == pytest.approx([conditional[2]] * 3)
+    long_draft = Draft(tokens=torch.zeros(1, 6, dtype=torch.long), bucket=2)
+    assert scheduler.decide(long_draft, context=100).length == 6
+    for _ in range(30):  # the fourth is never accepted: it stops being verified
+        scheduler.record(long_draft, accepted=3)
+    assert scheduler.decide(long_draft, context=100).length == 3
 
 
 def test_unused_buckets_drift_back_to_the_prior():
@@ -309,8 +333,9 @@ def test_a_confidence_drafter_is_priced_by_its_steps_as_verified():
             scheduler.record(sure, accepted=3, proposed=3)
         else:
             scheduler.record(unsure.truncated(0), accepted=0, proposed=3)
-    rates = scheduler.history.rates(1, 3)  # (the prior, 0.6, pulls them in a little)
-    assert rates == pytest.approx([0.5, 0.92, 0.92], abs=0.03)
+    # each pulled in a little towards the one before it (the first towards the prior, 0.6)
+    rates = scheduler.history.rates(1, 3)
+    assert rates[:2] == pytest.approx([0.5, 0.92], abs=0.03) and rates[1] < rates[2] < 1
     from specgen.scheduling.history import StepHistory
     from specgen.scheduling.verify_length import best_draft
 

@@ -5,7 +5,8 @@ fed by one `record` per drafted step.
 Each step adds, to its bucket:
 - per draft position i, a trial when every draft before it was accepted, and a win when
   it was accepted too: the conditional acceptance rates c_i = P(d_i accepted | d_1..d_{i-1}
-  accepted), pulled towards an optimistic prior while few steps are known (`rates`);
+  accepted), each pulled towards the rate of the position before it while few steps
+  are known, the first towards an optimistic prior (`rates`);
 - the step as it was verified (verify length, tokens committed): the tokens per second a
   confidence-trimmed drafter really gave (`rate`, priced at its longest draft);
 - the step as its drafter drafted it (tokens proposed, verified, committed): what stacked
@@ -93,13 +94,21 @@ class StepHistory:
         b.own_tokens = b.own_tokens * OWN_DECAY + accepted + 1
 
     def rates(self, bucket: int, length: int) -> list[float]:
-        """c_1..c_length for a draft of this bucket (positions past those tracked: the last)."""
+        """c_1..c_length for a draft of this bucket (positions past those tracked: the last).
+
+        Each position is pulled towards the rate of the one before it (the first towards
+        `PRIOR_RATE`), so a position with no evidence yet takes its neighbour's. Pulled
+        towards the fixed prior instead, a copying drafter whose first three drafts were
+        accepted 96% of the time had a fourth priced at 0.6, was never verified past three,
+        and so never learnt otherwise (agent-like conversations: 4 tokens a step in 1,126
+        of 2,937 steps at 96% acceptance)."""
         b = self.buckets.get(bucket)
-        out = []
+        out, prior = [], PRIOR_RATE
         for i in range(length):
             j = min(i, self.positions - 1)
             trials, wins = (0.0, 0.0) if b is None else (b.trials[j], b.wins[j])
-            out.append((wins + PRIOR_RATE * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT))
+            prior = (wins + prior * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT)
+            out.append(prior)
         return out
 
     def rate(

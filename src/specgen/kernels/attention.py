@@ -40,7 +40,12 @@ def attention(
             scale=scale,
         )  # fmt: skip
         return out.to(q.dtype)
-    if q.device.type == "cpu" and q.shape[2] <= ROWS_ALONE:
+    if (
+        q.device.type == "cpu"
+        and q.shape[2] <= ROWS_ALONE
+        and q.shape[0] == 1
+        and (causal or (mask is not None and mask.dim() == 2))
+    ):
         return _rows_alone(q, k, v, mask, causal, scale)
     backends = sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext()
     with backends:

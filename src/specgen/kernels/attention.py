@@ -55,36 +55,31 @@ def attention(
 
 
 def _rows_alone(q, k, v, mask, causal, scale):
-    """Each query row alone over the keys it sees, [a_t, b_t), with no mask: a row's
-    arithmetic is then the same whatever rows share the call (a decode step is one)."""
-    t_rows, length = q.shape[2], k.shape[2]
-    if mask is None:
-        first = [0] * t_rows
-        last = [length - t_rows + t + 1 if causal else length for t in range(t_rows)]
-    else:  # the mask covers the last mask.shape[-1] keys
-        offset = length - mask.shape[-1]
-        seen = mask.to(torch.int32)
-        count = seen.sum(-1)
-        start = seen.argmax(-1)
-        if bool(
-            (
-                (count == 0)
-                | (
-                    seen.cumsum(-1).gather(-1, (start + count - 1).clamp(min=0)[:, None])[:, 0]
-                    != count
-                )
-            ).any()
-        ):
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=scale
-            )  # not ranges
-        first = (start + offset).tolist()
-        last = (start + count + offset).tolist()
-    if t_rows == 1 and first[0] == 0 and last[0] == length:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=scale)
+    """Each query row alone over the keys it sees, [a, b), with no mask: a row's arithmetic
+    is then the same whatever rows share the call (a decode step is one)."""
+    ranges = _key_ranges(mask, k.shape[2], q.shape[2], causal)
+    if ranges is None:  # some row's keys are not one range: one masked call
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=scale
+        )
     rows = [
         F.scaled_dot_product_attention(q[:, :, t : t + 1], k[:, :, a:b], v[:, :, a:b],
                                        enable_gqa=True, scale=scale)
-        for t, (a, b) in enumerate(zip(first, last, strict=True))
+        for t, (a, b) in enumerate(ranges)
     ]  # fmt: skip
     return torch.cat(rows, 2)
+
+
+def _key_ranges(mask, length: int, rows: int, causal: bool) -> list[tuple[int, int]] | None:
+    """Each query row's visible keys as [a, b) of `length` (a mask covers the last
+    mask.shape[-1] of them), or None where some row sees none or not one run of keys."""
+    if mask is None:
+        return [(0, length - rows + t + 1 if causal else length) for t in range(rows)]
+    width, seen = mask.shape[-1], mask.to(torch.int32)
+    count = seen.sum(-1)
+    first = seen.argmax(-1)  # the first visible key
+    last = width - 1 - seen.flip(-1).argmax(-1)  # the last
+    if bool(((count == 0) | (last - first + 1 != count)).any()):
+        return None
+    offset = length - width
+    return list(zip((first + offset).tolist(), (last + 1 + offset).tolist(), strict=True))

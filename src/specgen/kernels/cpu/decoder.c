@@ -312,6 +312,22 @@ static int lin_columns(const Lin *w, const float *x, const Q8Rows *xq, int64_t M
     return 0;
 }
 
+/* Several queries over one KV head's keys and values: a row's query heads sharing it, a
+ * block's rows. They go through the keys a tile (TILE_BYTES) at a time, every query its
+ * part of the tile before the next tile, and then so through the values: a tile comes
+ * from memory or L2 once and from L1 for the others. Query after query over the whole
+ * head, each read all of it from L2 again: 8 extra rows at context 1500 cost 1.2 ms each,
+ * twice their multiply-adds. Each query's arithmetic is the same either way, in the same
+ * order: the tiles only interleave independent queries' work. */
+typedef struct {
+    const float *q; /* d floats */
+    float *out;     /* d floats */
+    int64_t n;      /* keys it sees: 0 .. n - 1 */
+} Query;
+
+#define TILE_BYTES (16 << 10)
+#define RUN_QUERIES 24 /* queries in one run at most (each keeps its scores: RUN_QUERIES rows) */
+
 #ifdef SIMD
 /* e^x for 8 lanes, x <= 0 here: Cephes' single-precision polynomial after reducing by
  * ln 2 (within 2 ulp of expf). glibc's scalar expf was most of a long context's step. */
@@ -335,7 +351,8 @@ static inline __m256 exp8(__m256 x) {
 /* A long context's keys and values come from memory (a decode step at context 2000 read
  * 92 MB of them, more than the weights), one thread's stream at ~11 GB/s: each group of 8
  * keys asks for the group KEYS_AHEAD on, each value for the one VALUES_AHEAD on, into L2
- * (the first head of each KV head went ~10% faster) */
+ * (the first head of each KV head went ~10% faster); in a run, the first query to reach a
+ * tile asks for what lies ahead of it */
 #define KEYS_AHEAD 4
 #define VALUES_AHEAD 32
 /* 8 sums of 8 lanes each: s[i] = ((a_i0 + a_i1) + (a_i2 + a_i3)) + ((a_i4 + a_i5) + (a_i6 + a_i7)) */
@@ -353,40 +370,20 @@ static inline __attribute__((always_inline)) __m256 kv8(const void *base, int64_
     return _mm256_loadu_ps((const float *)base + at);
 }
 
-/* out[0..64) = inv * sum over keys j, in order, of scores[j] * v_j[0..64) (v_j at element
- * j d of vs) */
-static inline __attribute__((always_inline)) void weigh8(const float *scores, const void *vs,
-                                                          int64_t n, int64_t d, __m256 inv,
-                                                          float *out, int half, int ahead) {
-    const int64_t es = half ? 2 : 4; /* bytes an element */
-    __m256 o[8];
-    for (int v = 0; v < 8; v++) o[v] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-        __m256 e = _mm256_broadcast_ss(scores + j);
-        if (ahead && j + VALUES_AHEAD < n) { /* d = 64 here: a value is 2 or 4 lines */
-            const char *next = (const char *)vs + (j + VALUES_AHEAD) * d * es;
-            for (int64_t at = 0; at < d * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
-        }
-        for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(e, kv8(vs, j * d + 8 * v, half), o[v]);
-    }
-    for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(o[v], inv));
-}
-
-/* attend() for head sizes of whole vectors: keys eight at a time (the last group repeats
- * key n - 1 and drops it), so every key's score, and so a row's result, is the same
- * arithmetic whatever the number of keys around it (vs: the head's values from column c0) */
-static inline __attribute__((always_inline)) void attend8(
-    const float *q, const void *ks, const void *vs, int64_t n, int64_t d, float scale,
-    float *scores, float *out, int half, int ahead) {
+/* one query's scores for key groups [g0, g1) of 8 keys (the last group repeats key n - 1,
+ * which the softmax then drops, so every key's score is the same arithmetic whatever the
+ * number of keys around it), the running maximum in `top`; `ahead`: ask for the keys
+ * KEYS_AHEAD groups on, up to key `reach` */
+static inline __attribute__((always_inline)) void scores8(
+    const float *q, const void *ks, int64_t n, int64_t d, __m256 sc, int64_t g0, int64_t g1,
+    float *scores, __m256 *top, int half, int ahead, int64_t reach) {
     const int64_t es = half ? 2 : 4;
-    __m256 top = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
-    int64_t groups = (n + 7) / 8;
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         /* the 8 keys' dot products side by side, each in its own chain (one key after
          * another waited on every multiply-add's latency: most of a long context's step);
          * each key's sum is the same sequence of operations either way */
         int64_t k[8]; /* each key's first element */
-        if (ahead && 8 * (g + KEYS_AHEAD) < n) { /* see KEYS_AHEAD */
+        if (ahead && 8 * (g + KEYS_AHEAD) < reach) {
             const char *next = (const char *)ks + 8 * (g + KEYS_AHEAD) * d * es;
             for (int64_t at = 0; at < 8 * d * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
         }
@@ -401,14 +398,18 @@ static inline __attribute__((always_inline)) void attend8(
         }
         __m256 s = _mm256_mul_ps(sums8(acc), sc);
         _mm256_storeu_ps(scores + 8 * g, s);
-        top = _mm256_max_ps(top, s); /* the repeated key changes no maximum */
+        *top = _mm256_max_ps(*top, s); /* the repeated key changes no maximum */
     }
+}
+
+/* scores (n of them, groups of 8) -> e^(s - max), the repeated keys' zero; 1 / their sum */
+static inline float softmax8(float *scores, int64_t n, __m256 top) {
     float lanes[8], m;
     _mm256_storeu_ps(lanes, top);
     m = lanes[0];
     for (int i = 1; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
     __m256 mv = _mm256_set1_ps(m), total = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t g = 0; g < (n + 7) / 8; g++) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + 8 * g), mv));
         if (8 * g + 8 > n) { /* the repeated keys weigh nothing */
             __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -419,33 +420,182 @@ static inline __attribute__((always_inline)) void attend8(
         total = _mm256_add_ps(total, e);
     }
     _mm256_storeu_ps(lanes, total);
-    float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
-        int64_t vecs = (d - c0) / 8 < 8 ? (d - c0) / 8 : 8;
-        const void *vc = (const char *)vs + c0 * es;
-        if (vecs == 8) { /* a count the compiler knows keeps them in registers */
-            weigh8(scores, vc, n, d, inv, out + c0, half, ahead);
-            continue;
+    return 1.0f / (((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])));
+}
+
+/* out[0 .. 8 vecs) += sum over keys j in [j0, j1), in order, of e[j] * v_j (v_j at element
+ * j d of vs); `fresh`: out starts at zero. `vecs` is a constant where this is inlined, so
+ * the accumulators stay in registers */
+static inline __attribute__((always_inline)) void weigh8(const float *e, const void *vs,
+                                                          int64_t j0, int64_t j1, int64_t d,
+                                                          int vecs, float *out, int fresh,
+                                                          int half, int ahead, int64_t reach) {
+    const int64_t es = half ? 2 : 4; /* bytes an element */
+    __m256 o[8];
+    for (int v = 0; v < vecs; v++) o[v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * v);
+    for (int64_t j = j0; j < j1; j++) {
+        __m256 s = _mm256_broadcast_ss(e + j);
+        if (ahead && j + VALUES_AHEAD < reach) { /* d = 64 here: a value is 2 or 4 lines */
+            const char *next = (const char *)vs + (j + VALUES_AHEAD) * d * es;
+            for (int64_t at = 0; at < vecs * 8 * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
         }
-        __m256 o[8];
-        for (int v = 0; v < vecs; v++) o[v] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            __m256 e = _mm256_broadcast_ss(scores + j);
-            for (int v = 0; v < vecs; v++) o[v] = _mm256_fmadd_ps(e, kv8(vc, j * d + 8 * v, half), o[v]);
+        for (int v = 0; v < vecs; v++) o[v] = _mm256_fmadd_ps(s, kv8(vs, j * d + 8 * v, half), o[v]);
+    }
+    for (int v = 0; v < vecs; v++) _mm256_storeu_ps(out + 8 * v, o[v]);
+}
+
+#ifdef __AVX512VL__
+/* 32 vector registers: two queries' accumulators at once, each key or value vector loaded
+ * once for both (loads, not multiply-adds, were what a query's tile waited on) */
+#define PAIRED 1
+#else
+#define PAIRED 0 /* 16: two queries' 16 accumulators would spill */
+#endif
+
+/* scores8 for two queries at once over groups [g0, g1), whose keys both see whole (no
+ * repeated key): each query's arithmetic is scores8's */
+static inline __attribute__((always_inline)) void scores8x2(
+    const float *qa, const float *qb, const void *ks, int64_t d, __m256 sc, int64_t g0,
+    int64_t g1, float *sa, float *sb, __m256 *ta, __m256 *tb, int half, int ahead,
+    int64_t reach) {
+    const int64_t es = half ? 2 : 4;
+    for (int64_t g = g0; g < g1; g++) {
+        if (ahead && 8 * (g + KEYS_AHEAD) < reach) {
+            const char *next = (const char *)ks + 8 * (g + KEYS_AHEAD) * d * es;
+            for (int64_t at = 0; at < 8 * d * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
         }
-        for (int v = 0; v < vecs; v++) _mm256_storeu_ps(out + c0 + 8 * v, _mm256_mul_ps(o[v], inv));
+        __m256 a[8], b[8], qa0 = _mm256_loadu_ps(qa), qb0 = _mm256_loadu_ps(qb);
+        for (int i = 0; i < 8; i++) {
+            __m256 k = kv8(ks, (8 * g + i) * d, half);
+            a[i] = _mm256_mul_ps(qa0, k), b[i] = _mm256_mul_ps(qb0, k);
+        }
+        for (int64_t c = 8; c < d; c += 8) {
+            __m256 qac = _mm256_loadu_ps(qa + c), qbc = _mm256_loadu_ps(qb + c);
+            for (int i = 0; i < 8; i++) {
+                __m256 k = kv8(ks, (8 * g + i) * d + c, half);
+                a[i] = _mm256_fmadd_ps(qac, k, a[i]), b[i] = _mm256_fmadd_ps(qbc, k, b[i]);
+            }
+        }
+        __m256 s = _mm256_mul_ps(sums8(a), sc), t = _mm256_mul_ps(sums8(b), sc);
+        _mm256_storeu_ps(sa + 8 * g, s), _mm256_storeu_ps(sb + 8 * g, t);
+        *ta = _mm256_max_ps(*ta, s), *tb = _mm256_max_ps(*tb, t);
     }
 }
 
-static void attend8_f32(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
-                        float scale, float *scores, float *out, int ahead) {
-    attend8(q, ks, vs, n, d, scale, scores, out, 0, ahead);
+/* weigh8 of 8 vectors for two queries at once over keys [j0, j1), both seeing them */
+static inline __attribute__((always_inline)) void weigh8x2(
+    const float *ea, const float *eb, const void *vs, int64_t j0, int64_t j1, int64_t d,
+    float *outa, float *outb, int fresh, int half, int ahead, int64_t reach) {
+    const int64_t es = half ? 2 : 4;
+    __m256 oa[8], ob[8];
+    for (int v = 0; v < 8; v++) {
+        oa[v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(outa + 8 * v);
+        ob[v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(outb + 8 * v);
+    }
+    for (int64_t j = j0; j < j1; j++) {
+        __m256 sa = _mm256_broadcast_ss(ea + j), sb = _mm256_broadcast_ss(eb + j);
+        if (ahead && j + VALUES_AHEAD < reach) {
+            const char *next = (const char *)vs + (j + VALUES_AHEAD) * d * es;
+            for (int64_t at = 0; at < 64 * es; at += 64) _mm_prefetch(next + at, _MM_HINT_T1);
+        }
+        for (int v = 0; v < 8; v++) {
+            __m256 x = kv8(vs, j * d + 8 * v, half);
+            oa[v] = _mm256_fmadd_ps(sa, x, oa[v]), ob[v] = _mm256_fmadd_ps(sb, x, ob[v]);
+        }
+    }
+    for (int v = 0; v < 8; v++) _mm256_storeu_ps(outa + 8 * v, oa[v]), _mm256_storeu_ps(outb + 8 * v, ob[v]);
 }
 
-static void attend8_f16(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
-                        float scale, float *scores, float *out, int ahead) {
-    attend8(q, ks, vs, n, d, scale, scores, out, 1, ahead);
+/* softmax(q k^T * scale) v for each of `count` queries sharing keys ks and values vs, head
+ * size d a whole number of vectors (see Query); `scores`: `stride` floats per query. With
+ * PAIRED, neighbouring queries go two at a time over the keys both see whole. */
+static inline __attribute__((always_inline)) void attend_run8(
+    const Query *qs, int64_t count, const void *ks, const void *vs, int64_t d, float scale,
+    float *scores, int64_t stride, int half, int ahead) {
+    const int64_t es = half ? 2 : 4;
+    int64_t tile = TILE_BYTES / (d * es) / 8 * 8, reach = 0;
+    if (tile < 8) tile = 8;
+    __m256 top[RUN_QUERIES], sc = _mm256_set1_ps(scale);
+    float inv[RUN_QUERIES];
+    for (int64_t i = 0; i < count; i++) {
+        top[i] = _mm256_set1_ps(-INFINITY);
+        reach = qs[i].n > reach ? qs[i].n : reach;
+    }
+    const int pairs = PAIRED && d % 64 == 0;
+    for (int64_t j0 = 0; j0 < reach; j0 += tile) {
+        int led = 0;
+        for (int64_t i = 0, step; i < count; i += step) {
+            int64_t na = qs[i].n, ja = na < j0 + tile ? na : j0 + tile, g0 = j0 / 8;
+            int go = ahead && !led;
+            step = pairs && i + 1 < count ? 2 : 1;
+            if (step == 1) {
+                if (j0 < na) scores8(qs[i].q, ks, na, d, sc, g0, (ja + 7) / 8, scores + i * stride,
+                                     &top[i], half, go, reach);
+                led |= j0 < na;
+                continue;
+            }
+            int64_t nb = qs[i + 1].n, jb = nb < j0 + tile ? nb : j0 + tile;
+            int64_t fa = j0 < na ? ja / 8 : g0, fb = j0 < nb ? jb / 8 : g0; /* whole groups */
+            int64_t fc = fa < fb ? fa : fb;
+            float *sa = scores + i * stride, *sb = sa + stride;
+            if (fc > g0)
+                scores8x2(qs[i].q, qs[i + 1].q, ks, d, sc, g0, fc, sa, sb, &top[i], &top[i + 1],
+                          half, go, reach);
+            if (j0 < na) scores8(qs[i].q, ks, na, d, sc, fc, (ja + 7) / 8, sa, &top[i], half,
+                                 go && fc == g0, reach);
+            if (j0 < nb) scores8(qs[i + 1].q, ks, nb, d, sc, fc, (jb + 7) / 8, sb, &top[i + 1],
+                                 half, 0, reach);
+            led |= j0 < na || j0 < nb;
+        }
+    }
+    for (int64_t i = 0; i < count; i++) inv[i] = softmax8(scores + i * stride, qs[i].n, top[i]);
+    for (int64_t j0 = 0; j0 < reach; j0 += tile) {
+        int led = 0;
+        for (int64_t i = 0, step; i < count; i += step) {
+            int64_t na = qs[i].n, ja = j0 < na ? (na < j0 + tile ? na : j0 + tile) : j0;
+            int go = ahead && !led;
+            const float *ea = scores + i * stride;
+            step = pairs && i + 1 < count ? 2 : 1;
+            if (step == 2) {
+                int64_t nb = qs[i + 1].n, jb = j0 < nb ? (nb < j0 + tile ? nb : j0 + tile) : j0;
+                int64_t jc = ja < jb ? ja : jb;
+                for (int64_t c0 = 0; c0 < d; c0 += 64) {
+                    const void *vc = (const char *)vs + c0 * es;
+                    float *oa = qs[i].out + c0, *ob = qs[i + 1].out + c0;
+                    if (jc > j0) weigh8x2(ea, ea + stride, vc, j0, jc, d, oa, ob, j0 == 0, half, go, reach);
+                    if (ja > jc) weigh8(ea, vc, jc, ja, d, 8, oa, jc == 0, half, go && jc == j0, reach);
+                    if (jb > jc) weigh8(ea + stride, vc, jc, jb, d, 8, ob, jc == 0, half, 0, reach);
+                }
+                led |= ja > j0 || jb > j0;
+                continue;
+            }
+            if (ja == j0) continue;
+            for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
+                const void *vc = (const char *)vs + c0 * es;
+                float *out = qs[i].out + c0;
+                if ((d - c0) / 8 >= 8) /* a count the compiler knows keeps them in registers */
+                    weigh8(ea, vc, j0, ja, d, 8, out, j0 == 0, half, go, reach);
+                else
+                    weigh8(ea, vc, j0, ja, d, (int)((d - c0) / 8), out, j0 == 0, half, go, reach);
+            }
+            led = 1;
+        }
+    }
+    for (int64_t i = 0; i < count; i++) {
+        __m256 iv = _mm256_set1_ps(inv[i]);
+        for (int64_t c = 0; c < d; c += 8)
+            _mm256_storeu_ps(qs[i].out + c, _mm256_mul_ps(_mm256_loadu_ps(qs[i].out + c), iv));
+    }
+}
+
+static void attend_run8_f32(const Query *qs, int64_t count, const void *ks, const void *vs,
+                            int64_t d, float scale, float *scores, int64_t stride, int ahead) {
+    attend_run8(qs, count, ks, vs, d, scale, scores, stride, 0, ahead);
+}
+
+static void attend_run8_f16(const Query *qs, int64_t count, const void *ks, const void *vs,
+                            int64_t d, float scale, float *scores, int64_t stride, int ahead) {
+    attend_run8(qs, count, ks, vs, d, scale, scores, stride, 1, ahead);
 }
 #endif
 
@@ -458,16 +608,10 @@ static const float *kv_row(const void *base, int64_t j, int64_t d, int half, flo
 }
 
 /* one query over n keys: softmax(q k^T * scale) v, in key order; keys and values as the
- * cache keeps them (`half`), the arithmetic on their values the same either way */
+ * cache keeps them (`half`), the arithmetic on their values the same either way (a head
+ * size of whole vectors goes to attend_run8 instead) */
 static void attend(const float *q, const void *ks, const void *vs, int64_t n, int64_t d,
-                   float scale, float *scores, float *out, int half, int ahead) {
-#ifdef SIMD
-    if (d % 8 == 0) {
-        (half ? attend8_f16 : attend8_f32)(q, ks, vs, n, d, scale, scores, out, ahead);
-        return;
-    }
-#endif
-    (void)ahead;
+                   float scale, float *scores, float *out, int half) {
     float top = -INFINITY, total = 0.0f, o[512], row[512];
     for (int64_t j = 0; j < n; j++) {
         scores[j] = dot(q, kv_row(ks, j, d, half, row), d) * scale;
@@ -481,6 +625,22 @@ static void attend(const float *q, const void *ks, const void *vs, int64_t n, in
         for (int64_t c = 0; c < d; c++) o[c] = fmaf(s, vj[c], o[c]);
     }
     for (int64_t c = 0; c < d; c++) out[c] = o[c] / total;
+}
+
+/* `count` (<= RUN_QUERIES) queries over one KV head; `scores`: `stride` floats per query;
+ * `ahead`: the first to read these keys and values (ask for them ahead) */
+static void attend_run(const Query *qs, int64_t count, const void *ks, const void *vs,
+                       int64_t d, float scale, float *scores, int64_t stride, int half,
+                       int ahead) {
+#ifdef SIMD
+    if (d % 8 == 0) {
+        (half ? attend_run8_f16 : attend_run8_f32)(qs, count, ks, vs, d, scale, scores, stride,
+                                                   ahead);
+        return;
+    }
+#endif
+    (void)ahead, (void)stride;
+    for (int64_t i = 0; i < count; i++) attend(qs[i].q, ks, vs, qs[i].n, d, scale, scores, qs[i].out, half);
 }
 
 /* ---- e^x as libm computes it, 8 lanes at a time ------------------------------------
@@ -652,7 +812,8 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
     if (nthreads < 1) nthreads = 1;
     /* shared: the residual stream, q/k/v, attention outputs, MLP channels; then each
      * thread's own: normed rows, x's group sums (groups of 16 at the smallest), scores */
-    const int64_t own = T * widest + T * (widest / 16 + 1) + P + 8;
+    const int64_t stride = (P + 15) / 8 * 8; /* a query's scores (whole groups of 8 keys) */
+    const int64_t own = T * widest + T * (widest / 16 + 1) + RUN_QUERIES * stride;
     /* 8-bit activations: each thread quantizes a product's input rows once, into its own
      * buffer (the same rows on every thread: cheaper than a barrier to share them) */
     const int q8 = m->act != ACT_F32;
@@ -712,22 +873,29 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                 }
                 barrier_wait(&bar, &sense);
                 /* attention: each (row, query head) over its cache's keys up to its position,
-                 * taken KV head by KV head (then row, then the query heads that share it): a
-                 * KV head's keys and values are read from memory once and then from L2 by
-                 * every row and head that needs them. Row by row, every row read all of them
-                 * again, from memory once they outgrew L2 (8 rows at context 2000 took 4x a
-                 * decode step's attention). Each (row, head) is the same arithmetic either way. */
+                 * taken KV head by KV head (then row, then the query heads that share it), in
+                 * runs of the queries that share a KV head (attend_run: tile by tile): a KV
+                 * head's keys and values are read from memory once. Row by row, every row read
+                 * all of them again, from memory once they outgrew L2 (8 rows at context 2000
+                 * took 4x a decode step's attention). Each (row, head) is the same arithmetic
+                 * either way. */
                 share(T * nq, 1, id, nt, &a, &b);
                 const char *last = NULL; /* the keys this thread read last */
                 float *wk = NULL, *wv = NULL; /* their widened copy (WIDE_BYTES), if any */
                 int64_t widened = 0;          /* positions of it filled so far */
-                for (int64_t i = a; i < b; i++) {
-                    int64_t g = i / (T * rep), t = i % (T * rep) / rep, hq = g * rep + i % rep;
-                    int64_t p = pos[t];
-                    const Seq *q = &seqs[seq_of[t]];
-                    int64_t cap = q->capacity;
-                    int64_t at = (l * nkv + g) * cap * d * es;
+                for (int64_t i = a, e; i < b; i = e) {
+                    int64_t g = i / (T * rep), s0 = seq_of[i % (T * rep) / rep];
+                    const Seq *q = &seqs[s0];
+                    int64_t at = (l * nkv + g) * q->capacity * d * es, far = 0;
                     const char *kc = (const char *)q->k + at, *vc = (const char *)q->v + at;
+                    Query run[RUN_QUERIES];
+                    for (e = i; e < b && e - i < RUN_QUERIES; e++) { /* the run: one KV head */
+                        int64_t t = e % (T * rep) / rep, hq = g * rep + e % rep;
+                        if (e / (T * rep) != g || seq_of[t] != s0) break;
+                        /* out: rows of nq * d, the o product's K */
+                        run[e - i] = (Query){qkv + t * nqkv + hq * d, att + t * nq * d + hq * d, pos[t] + 1};
+                        far = pos[t] + 1 > far ? pos[t] + 1 : far;
+                    }
                     int first = kc != last;
                     if (first) {
                         int64_t reach = q->start + q->rows; /* the farthest its rows read */
@@ -741,18 +909,18 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                      * in L2, where asking cost 10-15% of an 8-row block's step */
                     const void *ks = kc, *vs = vc;
                     int kind = half, ahead = first;
-                    if (wk) { /* floats in this thread's buffer, widened as far as p */
-                        if (p + 1 > widened) {
+                    if (wk) { /* floats in this thread's buffer, widened as far as the run reads */
+                        if (far > widened) {
                             kv_widen(wk + widened * d, (const uint16_t *)kc + widened * d,
-                                     (p + 1 - widened) * d);
+                                     (far - widened) * d);
                             kv_widen(wv + widened * d, (const uint16_t *)vc + widened * d,
-                                     (p + 1 - widened) * d);
-                            widened = p + 1;
+                                     (far - widened) * d);
+                            widened = far;
                         }
                         ks = wk, vs = wv, kind = 0, ahead = 0;
                     }
-                    attend(qkv + t * nqkv + hq * d, ks, vs, p + 1, d, (float)m->attn_scale,
-                           scores, att + t * nq * d + hq * d, kind, ahead); /* rows of nq * d: the o product's K */
+                    attend_run(run, e - i, ks, vs, d, (float)m->attn_scale, scores, stride, kind,
+                               ahead);
                 }
                 barrier_wait(&bar, &sense);
                 /* output projection and the residual: this thread's columns of x */

@@ -90,7 +90,7 @@ def test_a_rows_result_never_depends_on_the_rows_or_threads_beside_it(
     tiny_qwen3_deep, tmp_path, mix, act, kv, monkeypatch
 ):
     monkeypatch.setenv("SPECGEN_CPU_ACT", act)
-    monkeypatch.setenv("SPECGEN_CPU_KV", kv)  # f16: blocks read keys widened once, steps not
+    monkeypatch.setenv("SPECGEN_CPU_KV", kv)  # f16: widened as read, tile by tile
     write_tiny_gguf(tiny_qwen3_deep, tmp_path / "t.gguf", LLAMA_MIXES[mix])
     model = load_gguf_target(
         tmp_path / "t.gguf", tiny_qwen3_deep, dtype=torch.float32, device="cpu"

@@ -187,25 +187,6 @@ static void kv_widen(float *to, const uint16_t *from, int64_t n) {
     for (; i < n; i++) to[i] = from_half(from[i]);
 }
 
-/* A verify block's or prompt chunk's rows all read each KV head's keys and values: kept as
- * halves, each (row, head) widening them again made 8 rows at context 1000 9% slower than
- * fp32 keys (the widening is arithmetic where the keys come from L2). So where a block's
- * KV head fits WIDE_BYTES widened, a thread widens it once, as far as its rows reach, into
- * its own buffer, and every (row, head) reads floats there: the same values, so the same
- * bits. A decode step (one row, three heads) widens as it reads. */
-#define WIDE_BYTES (1 << 20)
-static _Thread_local float *wide_buf;
-static _Thread_local int64_t wide_floats;
-
-static float *wide_scratch(int64_t floats) {
-    if (floats > wide_floats) {
-        free(wide_buf);
-        wide_buf = malloc(sizeof(float) * floats);
-        wide_floats = wide_buf ? floats : 0;
-    }
-    return wide_buf;
-}
-
 /* kv_store's rounding, exported for its test: `portable` takes the scalar path on a SIMD
  * build too (a portable build has only that one) */
 void decoder_kv_round(const float *x, uint16_t *out, int64_t n, int portable) {
@@ -881,12 +862,10 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                  * either way. */
                 share(T * nq, 1, id, nt, &a, &b);
                 const char *last = NULL; /* the keys this thread read last */
-                float *wk = NULL, *wv = NULL; /* their widened copy (WIDE_BYTES), if any */
-                int64_t widened = 0;          /* positions of it filled so far */
                 for (int64_t i = a, e; i < b; i = e) {
                     int64_t g = i / (T * rep), s0 = seq_of[i % (T * rep) / rep];
                     const Seq *q = &seqs[s0];
-                    int64_t at = (l * nkv + g) * q->capacity * d * es, far = 0;
+                    int64_t at = (l * nkv + g) * q->capacity * d * es;
                     const char *kc = (const char *)q->k + at, *vc = (const char *)q->v + at;
                     Query run[RUN_QUERIES];
                     for (e = i; e < b && e - i < RUN_QUERIES; e++) { /* the run: one KV head */
@@ -894,32 +873,14 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                         if (e / (T * rep) != g || seq_of[t] != s0) break;
                         /* out: rows of nq * d, the o product's K */
                         run[e - i] = (Query){qkv + t * nqkv + hq * d, att + t * nq * d + hq * d, pos[t] + 1};
-                        far = pos[t] + 1 > far ? pos[t] + 1 : far;
                     }
-                    int first = kc != last;
-                    if (first) {
-                        int64_t reach = q->start + q->rows; /* the farthest its rows read */
-                        wk = wv = NULL, widened = 0;
-                        if (half && q->rows > 1 && reach * d * 8 <= WIDE_BYTES &&
-                            (wk = wide_scratch(2 * reach * d)) != NULL)
-                            wv = wk + reach * d;
-                    }
-                    last = kc;
                     /* only the first to read them asks for them ahead: the others find them
-                     * in L2, where asking cost 10-15% of an 8-row block's step */
-                    const void *ks = kc, *vs = vc;
-                    int kind = half, ahead = first;
-                    if (wk) { /* floats in this thread's buffer, widened as far as the run reads */
-                        if (far > widened) {
-                            kv_widen(wk + widened * d, (const uint16_t *)kc + widened * d,
-                                     (far - widened) * d);
-                            kv_widen(wv + widened * d, (const uint16_t *)vc + widened * d,
-                                     (far - widened) * d);
-                            widened = far;
-                        }
-                        ks = wk, vs = wv, kind = 0, ahead = 0;
-                    }
-                    attend_run(run, e - i, ks, vs, d, (float)m->attn_scale, scores, stride, kind,
+                     * in L2, where asking cost 10-15% of an 8-row block's step. Halves are
+                     * widened as they are read, tile by tile (a block's KV head widened once
+                     * into a buffer of floats first was 10-19% slower at contexts 1000-2000) */
+                    int ahead = kc != last;
+                    last = kc;
+                    attend_run(run, e - i, kc, vc, d, (float)m->attn_scale, scores, stride, half,
                                ahead);
                 }
                 barrier_wait(&bar, &sense);

@@ -83,6 +83,20 @@ def test_the_fused_pass_computes_the_files_model(tiny_dirs, wide_qwen2, narrow_l
     assert typical(got) <= 1.5 * typical(eager) + 1e-7
 
 
+def test_keys_and_values_are_fp16_unless_asked_for_fp32(tiny_dirs, tmp_path, monkeypatch):
+    """llama.cpp's default, and faster in every shape measured (docs/design.md)."""
+    monkeypatch.delenv("SPECGEN_CPU_KV", raising=False)
+    hf = tiny_dirs["llama"]
+    write_tiny_gguf(hf, tmp_path / "t.gguf", LLAMA_MIXES["q4_1"])
+    packed = load_gguf_target(tmp_path / "t.gguf", hf, dtype=torch.float32, device="cpu")
+    assert packed.new_cache(8).k.dtype == torch.float16
+    monkeypatch.setenv("SPECGEN_CPU_KV", "f32")
+    assert packed.new_cache(8).k.dtype == torch.float32
+    monkeypatch.setenv("SPECGEN_CPU_KV", "f8")
+    with pytest.raises(ValueError, match="SPECGEN_CPU_KV='f8': use one of f16, f32"):
+        packed.new_cache(8)
+
+
 @pytest.mark.parametrize("mix", ["q4_1", "q4_k_m"])
 @pytest.mark.parametrize("act", ["fp32", "q8"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])

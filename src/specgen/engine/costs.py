@@ -22,6 +22,7 @@ from specgen.core.config import SamplingParams
 from specgen.core.paths import specgen_home
 from specgen.core.stats import GenStats
 from specgen.drafting.base import DraftMethod
+from specgen.kernels.library import kv_kind
 from specgen.kernels.packed import activations
 from specgen.models.graphs import GraphedForward
 from specgen.models.transformer import Transformer
@@ -385,7 +386,7 @@ def _identity(model: Transformer, key: str, graphs: bool) -> str:
         f"{key}|{model.dtype}|{model.weights_identity}|{model.device}"
         f"|threads={torch.get_num_threads()}"
         f"|torch={torch.__version__}|kernels={KERNELS_REVISION}"
-        f"|isa={os.environ.get('SPECGEN_CPU_ISA', 'native')}|act={activations()}"
+        f"|isa={os.environ.get('SPECGEN_CPU_ISA', 'native')}|act={activations()}|kv={kv_kind()}"
         + ("|graphs" if graphs else "")
     )
 

@@ -60,8 +60,9 @@ KV_KINDS = ("f16", "f32")
 
 def kv_kind() -> str:
     """How targets the fused CPU pass runs keep their keys and values (SPECGEN_CPU_KV):
-    `f32` (the default) or `f16` (as llama.cpp does; models/fused/cpu_pass.kv_dtype)."""
-    kind = os.environ.get("SPECGEN_CPU_KV", "f32").lower()
+    `f16` (the default, as llama.cpp's; docs/design.md says why) or `f32`
+    (models/fused/cpu_pass.kv_dtype)."""
+    kind = os.environ.get("SPECGEN_CPU_KV", "f16").lower()
     if kind not in KV_KINDS:
         raise ValueError(f"SPECGEN_CPU_KV={kind!r}: use one of {', '.join(KV_KINDS)}")
     return kind

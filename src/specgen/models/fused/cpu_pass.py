@@ -55,11 +55,11 @@ def wanted() -> bool:
 
 
 def kv_dtype() -> torch.dtype:
-    """How a target the pass runs keeps its keys and values: fp32 (the default), or fp16
-    with `SPECGEN_CPU_KV=f16`, as llama.cpp does: a long context's decode step and a pass
-    of several answers read them all, and in fp32 they outweighed the default's weights at
-    8 answers of 500 positions. Not the default: verify blocks and prompt chunks at long
-    contexts measured up to ~10% slower (docs/results.md). The eager layers store the same
+    """How a target the pass runs keeps its keys and values: fp16 (the default, as
+    llama.cpp's), or fp32 with `SPECGEN_CPU_KV=f32`: a long context's decode step and a
+    pass of several answers read them all, and in fp32 they outweighed the default's
+    weights at 8 answers of 500 positions; side by side fp16 was 0.74-1.00x fp32's time in
+    every shape measured (docs/results.md, session 61). The eager layers store the same
     halves."""
     return torch.float16 if kv_kind() == "f16" else torch.float32
 

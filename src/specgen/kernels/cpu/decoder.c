@@ -506,60 +506,64 @@ static inline __attribute__((always_inline)) void attend_run8(
     for (int64_t j0 = 0; j0 < reach; j0 += tile) {
         int led = 0;
         for (int64_t i = 0, step; i < count; i += step) {
-            int64_t na = qs[i].n, ja = na < j0 + tile ? na : j0 + tile, g0 = j0 / 8;
+            int64_t g0 = j0 / 8, fc = g0; /* groups [g0, fc): the pair's together */
             int go = ahead && !led;
             step = pairs && i + 1 < count ? 2 : 1;
-            if (step == 1) {
-                if (j0 < na) scores8(qs[i].q, ks, na, d, sc, g0, (ja + 7) / 8, scores + i * stride,
-                                     &top[i], half, go, reach);
-                led |= j0 < na;
-                continue;
+            if (step == 2) {
+                int64_t na = qs[i].n, nb = qs[i + 1].n;
+                int64_t fa = j0 < na ? (na < j0 + tile ? na : j0 + tile) / 8 : g0; /* whole */
+                int64_t fb = j0 < nb ? (nb < j0 + tile ? nb : j0 + tile) / 8 : g0; /* groups */
+                fc = fa < fb ? fa : fb;
+                if (fc > g0) {
+                    scores8x2(qs[i].q, qs[i + 1].q, ks, d, sc, g0, fc, scores + i * stride,
+                              scores + (i + 1) * stride, &top[i], &top[i + 1], half, go, reach);
+                    led = 1;
+                }
             }
-            int64_t nb = qs[i + 1].n, jb = nb < j0 + tile ? nb : j0 + tile;
-            int64_t fa = j0 < na ? ja / 8 : g0, fb = j0 < nb ? jb / 8 : g0; /* whole groups */
-            int64_t fc = fa < fb ? fa : fb;
-            float *sa = scores + i * stride, *sb = sa + stride;
-            if (fc > g0)
-                scores8x2(qs[i].q, qs[i + 1].q, ks, d, sc, g0, fc, sa, sb, &top[i], &top[i + 1],
-                          half, go, reach);
-            if (j0 < na) scores8(qs[i].q, ks, na, d, sc, fc, (ja + 7) / 8, sa, &top[i], half,
-                                 go && fc == g0, reach);
-            if (j0 < nb) scores8(qs[i + 1].q, ks, nb, d, sc, fc, (jb + 7) / 8, sb, &top[i + 1],
-                                 half, 0, reach);
-            led |= j0 < na || j0 < nb;
+            for (int64_t k = i; k < i + step; k++) { /* each query's own groups of the tile */
+                int64_t n = qs[k].n, j1 = n < j0 + tile ? n : j0 + tile;
+                if (j0 >= n) continue;
+                scores8(qs[k].q, ks, n, d, sc, fc, (j1 + 7) / 8, scores + k * stride, &top[k],
+                        half, go && k == i && fc == g0, reach);
+                led = 1;
+            }
         }
     }
     for (int64_t i = 0; i < count; i++) inv[i] = softmax8(scores + i * stride, qs[i].n, top[i]);
     for (int64_t j0 = 0; j0 < reach; j0 += tile) {
         int led = 0;
         for (int64_t i = 0, step; i < count; i += step) {
-            int64_t na = qs[i].n, ja = j0 < na ? (na < j0 + tile ? na : j0 + tile) : j0;
+            int64_t jc = j0; /* keys [j0, jc): the pair's together */
             int go = ahead && !led;
-            const float *ea = scores + i * stride;
             step = pairs && i + 1 < count ? 2 : 1;
             if (step == 2) {
-                int64_t nb = qs[i + 1].n, jb = j0 < nb ? (nb < j0 + tile ? nb : j0 + tile) : j0;
-                int64_t jc = ja < jb ? ja : jb;
-                for (int64_t c0 = 0; c0 < d; c0 += 64) {
-                    const void *vc = (const char *)vs + c0 * es;
-                    float *oa = qs[i].out + c0, *ob = qs[i + 1].out + c0;
-                    if (jc > j0) weigh8x2(ea, ea + stride, vc, j0, jc, d, oa, ob, j0 == 0, half, go, reach);
-                    if (ja > jc) weigh8(ea, vc, jc, ja, d, 8, oa, jc == 0, half, go && jc == j0, reach);
-                    if (jb > jc) weigh8(ea + stride, vc, jc, jb, d, 8, ob, jc == 0, half, 0, reach);
+                int64_t na = qs[i].n, nb = qs[i + 1].n;
+                int64_t ja = j0 < na ? (na < j0 + tile ? na : j0 + tile) : j0;
+                int64_t jb = j0 < nb ? (nb < j0 + tile ? nb : j0 + tile) : j0;
+                jc = ja < jb ? ja : jb;
+                if (jc > j0) {
+                    for (int64_t c0 = 0; c0 < d; c0 += 64)
+                        weigh8x2(scores + i * stride, scores + (i + 1) * stride,
+                                 (const char *)vs + c0 * es, j0, jc, d, qs[i].out + c0,
+                                 qs[i + 1].out + c0, j0 == 0, half, go, reach);
+                    led = 1;
                 }
-                led |= ja > j0 || jb > j0;
-                continue;
             }
-            if (ja == j0) continue;
-            for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output at a time */
-                const void *vc = (const char *)vs + c0 * es;
-                float *out = qs[i].out + c0;
-                if ((d - c0) / 8 >= 8) /* a count the compiler knows keeps them in registers */
-                    weigh8(ea, vc, j0, ja, d, 8, out, j0 == 0, half, go, reach);
-                else
-                    weigh8(ea, vc, j0, ja, d, (int)((d - c0) / 8), out, j0 == 0, half, go, reach);
+            for (int64_t k = i; k < i + step; k++) { /* each query's own keys of the tile */
+                int64_t n = qs[k].n, j1 = n < j0 + tile ? n : j0 + tile;
+                if (j1 <= jc) continue;
+                for (int64_t c0 = 0; c0 < d; c0 += 64) { /* up to 8 vectors of the output */
+                    const void *vc = (const char *)vs + c0 * es;
+                    int fresh = jc == 0, lead = go && k == i && jc == j0;
+                    if ((d - c0) / 8 >= 8) /* a count the compiler knows keeps them in registers */
+                        weigh8(scores + k * stride, vc, jc, j1, d, 8, qs[k].out + c0, fresh, half,
+                               lead, reach);
+                    else
+                        weigh8(scores + k * stride, vc, jc, j1, d, (int)((d - c0) / 8),
+                               qs[k].out + c0, fresh, half, lead, reach);
+                }
+                led = 1;
             }
-            led = 1;
         }
     }
     for (int64_t i = 0; i < count; i++) {

@@ -7,8 +7,9 @@ noise, 10-30%, swamps a few percent between processes). Per call shape the media
     python benchmarks/pass_ab.py --refs HEAD~1 HEAD --contexts 100,800
 
 Shapes: one answer of 1, 4, 8 and 64 rows, and 4 and 8 answers of one row each (their own
-caches), after each context. Run with SPECGEN_CPU_THREADS=fixed, so both libraries run
-with the same thread count. The embedded default model; timings only.
+caches), after each context; then answers at different contexts in one pass (--mixed, as a
+server's slots are: 8 one-row answers, and a 64-row prompt chunk beside 7 of them). Run
+with SPECGEN_CPU_THREADS=fixed, so both libraries run with the same thread count. The embedded default model; timings only.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def main() -> None:
     ap.add_argument("--refs", nargs=2, default=["HEAD~1", "HEAD"], metavar=("BASE", "NEW"))
     ap.add_argument("--contexts", default="100,800")
     ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument(
+        "--mixed",
+        default="100,300,500,700,900,1100,1300,1500",
+        help="the contexts of the mixed passes' 8 answers ('' for none)",
+    )
     args = ap.parse_args()
 
     from specgen.api.pipeline import Pipeline
@@ -80,7 +86,22 @@ def main() -> None:
         return cache
 
     print(f"{'context':>7} {'call':<14}" + "".join(f"{r:>14}" for r in args.refs) + "   same")
-    for context in (int(c) for c in args.contexts.split(",")):
+
+    def race(context: str, label: str, parts) -> None:
+        seconds = {name: [] for name in funcs}
+        logits = {}
+        for _ in range(args.calls):
+            for name, f in funcs.items():
+                now[0] = f
+                start = time.perf_counter()
+                out = fused.run_many(model, parts, ())
+                seconds[name].append(time.perf_counter() - start)
+                logits[name] = torch.cat([o[0] for o in out])
+        same = torch.equal(*logits.values())
+        ms = "".join(f"{1e3 * statistics.median(s):11.2f} ms" for s in seconds.values())
+        print(f"{context:>7} {label:<14}{ms}   {same}", flush=True)
+
+    for context in (int(c) for c in args.contexts.split(",") if c):
         caches = [filled(context) for _ in range(8)]
         shapes = {
             "1 row": [([5], caches[0], 1)],
@@ -91,18 +112,13 @@ def main() -> None:
             "8 answers": [([5], c, 1) for c in caches],
         }
         for label, parts in shapes.items():
-            seconds = {name: [] for name in funcs}
-            logits = {}
-            for _ in range(args.calls):
-                for name, f in funcs.items():
-                    now[0] = f
-                    start = time.perf_counter()
-                    out = fused.run_many(model, parts, ())
-                    seconds[name].append(time.perf_counter() - start)
-                    logits[name] = torch.cat([o[0] for o in out])
-            same = torch.equal(*logits.values())
-            ms = "".join(f"{1e3 * statistics.median(s):11.2f} ms" for s in seconds.values())
-            print(f"{context:>7} {label:<14}{ms}   {same}", flush=True)
+            race(str(context), label, parts)
+    if args.mixed:
+        caches = [filled(int(c)) for c in args.mixed.split(",")]
+        race("mixed", "8 answers", [([5], c, 1) for c in caches])
+        ones = [([5], c, 1) for c in caches]
+        race("mixed", "64 + 7 answers", [([5] * 64, caches[0], 1), *ones[1:]])
+        race("mixed", "7 + 64 rows", [*ones[:-1], ([5] * 64, caches[-1], 1)])
     sys.stdout.flush()
 
 

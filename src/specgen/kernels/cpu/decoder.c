@@ -120,6 +120,24 @@ static void share(int64_t n, int64_t unit, int id, int nt, int64_t *a, int64_t *
     *b = u1 * unit < n ? u1 * unit : n;
 }
 
+/* the first of n items whose running cost (prefix[i]: items [0, i)) reaches `at` */
+static int64_t reach_cost(const int64_t *prefix, int64_t n, int64_t at) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (prefix[mid] < at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* thread id's items of n by cost, not count: [a, b), about 1 / nt of prefix[n] each */
+static void share_cost(const int64_t *prefix, int64_t n, int id, int nt, int64_t *a, int64_t *b) {
+    int64_t total = prefix[n];
+    *a = id == 0 ? 0 : reach_cost(prefix, n, total / nt * id + total % nt * id / nt);
+    *b = id == nt - 1 ? n : reach_cost(prefix, n, total / nt * (id + 1) + total % nt * (id + 1) / nt);
+}
+
 /* ---- keys and values as halves (KV) -----------------------------------------------
  * A decode step at a long context, and a pass of several answers, read every position's
  * keys and values from memory (46 KB a position for the default in fp32: at 8 answers of
@@ -308,6 +326,7 @@ typedef struct {
 
 #define TILE_BYTES (16 << 10)
 #define RUN_QUERIES 24 /* queries in one run at most (each keeps its scores: RUN_QUERIES rows) */
+#define QUERY_COST 16 /* a query's work besides its keys (its softmax, its output), in keys */
 
 #ifdef SIMD
 /* e^x for 8 lanes, x <= 0 here: Cephes' single-precision polynomial after reducing by
@@ -815,13 +834,22 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
     /* each row's answer and position; the rows the head reads */
     int64_t *seq_of = malloc(sizeof(int64_t) * (T + 1)), *pos = malloc(sizeof(int64_t) * (T + 1));
     int64_t *heads = malloc(sizeof(int64_t) * (L + 1));
-    int failed = !x || !qkv || !att || !act || !mine || (q8 && !qmine) || !seq_of || !pos || !heads;
+    /* the attention's (row, query head) items, running cost: a row's keys, plus a query's
+     * own work. Shared by count, the rows of a pass whose answers sit at different
+     * contexts (a server's slots, a prompt chunk beside decode rows) left one thread
+     * waiting on the other at every layer: 6-7% of an 8-client server's time. */
+    int64_t *acost = malloc(sizeof(int64_t) * (T * nq + 1));
+    int failed = !x || !qkv || !att || !act || !mine || (q8 && !qmine) || !seq_of || !pos || !heads
+                 || !acost;
     if (!failed) {
         for (int64_t s = 0, t = 0, j = 0; s < nseq; s++) {
             for (int64_t r = 0; r < seqs[s].rows; r++, t++) seq_of[t] = s, pos[t] = seqs[s].start + r;
             for (int64_t r = seqs[s].rows - seqs[s].num_logits; r < seqs[s].rows; r++)
                 heads[j++] = t - seqs[s].rows + r;
         }
+        acost[0] = 0;
+        for (int64_t i = 0; i < T * nq; i++) /* item i: KV head i / (T rep), row i % (T rep) / rep */
+            acost[i + 1] = acost[i] + pos[i % (T * rep) / rep] + 1 + QUERY_COST;
         memcpy(x, x_in, sizeof(float) * T * H);
         Barrier bar = {0, 0, 0, 1};
 #pragma omp parallel num_threads(nthreads)
@@ -864,7 +892,7 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
                  * all of them again, from memory once they outgrew L2 (8 rows at context 2000
                  * took 4x a decode step's attention). Each (row, head) is the same arithmetic
                  * either way. */
-                share(T * nq, 1, id, nt, &a, &b);
+                share_cost(acost, T * nq, id, nt, &a, &b);
                 const char *last = NULL; /* the keys this thread read last */
                 for (int64_t i = a, e; i < b; i = e) {
                     int64_t g = i / (T * rep), s0 = seq_of[i % (T * rep) / rep];
@@ -937,7 +965,7 @@ int decoder_forward_many(const Model *m, const Seq *seqs, int64_t nseq, const fl
         }
     }
     free(x), free(qkv), free(att), free(act), free(mine), free(qmine);
-    free(seq_of), free(pos), free(heads);
+    free(seq_of), free(pos), free(heads), free(acost);
     return failed ? -1 : 0;
 }
 

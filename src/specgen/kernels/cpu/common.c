@@ -58,14 +58,23 @@ const float *packed_scales(const void *table, int half, int64_t row, int64_t row
  * into L2 (as the kernels do for its weights), none when next < 0 */
 void panel_tables(const Panels *p, int half, int64_t at, int64_t next, int64_t G, float *sbuf,
                   float *mbuf, const float **s, const float **m) {
+    const void *rs, *rm;
+    panel_tables_raw(p, half, at, next, G, &rs, &rm);
+    int64_t count = G * p->width;
+    *s = packed_scales(p->scale, half, at, 1, count, sbuf);
+    *m = packed_scales(p->mins, half, at, 1, count, mbuf);
+}
+
+void panel_tables_raw(const Panels *p, int half, int64_t at, int64_t next, int64_t G,
+                      const void **s, const void **m) {
     int64_t count = G * p->width, size = (half ? 2 : 4) * count;
     if (next >= 0)
         for (int64_t b = 0; b < size; b += 64) {
             __builtin_prefetch((const char *)p->scale + next * size + b, 0, 2);
             if (p->mins) __builtin_prefetch((const char *)p->mins + next * size + b, 0, 2);
         }
-    *s = packed_scales(p->scale, half, at, 1, count, sbuf);
-    *m = packed_scales(p->mins, half, at, 1, count, mbuf);
+    *s = (const char *)p->scale + at * size;
+    *m = p->mins ? (const char *)p->mins + at * size : NULL;
 }
 
 /* sums of x over each group, xs[r * groups + g]: the same fixed order for every row */

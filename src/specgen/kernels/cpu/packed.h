@@ -42,6 +42,9 @@ const float *packed_scales(const void *table, int half, int64_t row, int64_t row
  * panel `next`'s are asked for into L2 (none when next < 0) */
 void panel_tables(const Panels *p, int half, int64_t at, int64_t next, int64_t G, float *sbuf,
                   float *mbuf, const float **s, const float **m);
+/* the same panel's tables as the weight keeps them (fp16 with `half`), not widened */
+void panel_tables_raw(const Panels *p, int half, int64_t at, int64_t next, int64_t G,
+                      const void **s, const void **m);
 
 /* the build's description ("avx512+vnni", "avx2", "portable"...) and the hash of the sources
  * it was built from (pip's libraries are checked against their sources: kernels/cpu_build.py) */

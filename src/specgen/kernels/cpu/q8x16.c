@@ -193,13 +193,21 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
     }
 }
 
+/* 16 of a panel's scales (or minimums) at element `at`: fp32, or fp16 widened here, once a
+ * block for all its rows (widening a panel's tables into a buffer first was 4% of an
+ * 8-client server's time) */
+static inline __m512 scales16(const void *t, int64_t at, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)t + at)));
+    return _mm512_loadu_ps((const float *)t + at);
+}
+
 /* R rows (compile-time, so accumulators stay in registers) against one panel: its weights
  * from p[c] (column c's row of W), or already turned, from `staged` (8 vectors a block);
- * s, m [G, P]; X [rows, G]. acc: R vectors out. */
+ * s, m [G, P], fp32 or fp16 (`sh`); X [rows, G]. acc: R vectors out. */
 #define KERNEL(NAME, R, BITS)                                                                  \
     static void NAME(const Q8Rows *x, int64_t r0, const uint8_t *const *p,                     \
-                     const __m512i *staged, int64_t group, const float *s, const float *m,     \
-                     const float *X, __m512 *out) {                                            \
+                     const __m512i *staged, int64_t group, const void *s, const void *m,       \
+                     int sh, const float *X, __m512 *out) {                                    \
         int64_t K = x->K, nb = K / 32, G = K / group;                                          \
         int per = 0; /* blocks per group: 1 << per (group 16: one block, two groups) */        \
         while (group > 32 && (32 << per) < group) per++;                                       \
@@ -217,6 +225,11 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
             if (BITS == 8 && !VNNI) signs8(z, neg);                                            \
             int64_t g = group == 16 ? 2 * b : b >> per;                                        \
             int last = ((b + 1) & ((1 << per) - 1)) == 0;                                      \
+            __m512 s0 = scales16(s, g * P, sh), m0 = m ? scales16(m, g * P, sh) : s0, s1 = s0, m1 = m0; \
+            if (BITS == 8 && group == 16) {                                                    \
+                s1 = scales16(s, g * P + P, sh);                                               \
+                if (m) m1 = scales16(m, g * P + P, sh);                                        \
+            }                                                                                  \
             for (int r = 0; r < R; r++) {                                                      \
                 int64_t row = r0 + r;                                                          \
                 const int8_t *xb = x->q + row * K + 32 * b;                                    \
@@ -224,34 +237,23 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
                 const float *Xr = m ? X + row * G : NULL;                                      \
                 if (BITS == 4) {                                                               \
                     __m512i D = sums4(z, xb);                                          \
-                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + g * P), d),     \
-                                             _mm512_cvtepi32_ps(D), acc[r]);                   \
-                    if (m && last)                                                             \
-                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(m + g * P),                   \
-                                                 _mm512_set1_ps(Xr[g]), acc[r]);               \
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, d), _mm512_cvtepi32_ps(D), acc[r]); \
+                    if (m && last) acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(Xr[g]), acc[r]); \
                     continue;                                                                  \
                 }                                                                              \
                 const int32_t *hs = x->sums + row * (K / 16) + 2 * b;                          \
                 __m512i h0, h1;                                                                \
                 sums8(z, neg, xb, hs[0], hs[1], &h0, &h1);                                     \
                 if (group == 16) {                                                             \
-                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + g * P), d),     \
-                                             _mm512_cvtepi32_ps(h0), acc[r]);                  \
-                    if (m)                                                                     \
-                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(m + g * P),                   \
-                                                 _mm512_set1_ps(Xr[g]), acc[r]);               \
-                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + g * P + P), d), \
-                                             _mm512_cvtepi32_ps(h1), acc[r]);                  \
-                    if (m)                                                                     \
-                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(m + g * P + P),               \
-                                                 _mm512_set1_ps(Xr[g + 1]), acc[r]);           \
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, d), _mm512_cvtepi32_ps(h0), acc[r]); \
+                    if (m) acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(Xr[g]), acc[r]);        \
+                    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, d), _mm512_cvtepi32_ps(h1), acc[r]); \
+                    if (m) acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(Xr[g + 1]), acc[r]);    \
                     continue;                                                                  \
                 }                                                                              \
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + g * P), d),         \
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, d),                                 \
                                          _mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)), acc[r]); \
-                if (m && last)                                                                 \
-                    acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(m + g * P), _mm512_set1_ps(Xr[g]), \
-                                             acc[r]);                                          \
+                if (m && last) acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(Xr[g]), acc[r]);    \
             }                                                                                  \
         }                                                                                      \
         for (int r = 0; r < R; r++) out[r] = acc[r];                                           \
@@ -273,7 +275,7 @@ KERNEL(rows6_8, 6, 8)
 KERNEL(rows7_8, 7, 8)
 KERNEL(rows8_8, 8, 8)
 typedef void (*Kernel)(const Q8Rows *, int64_t, const uint8_t *const *, const __m512i *, int64_t,
-                       const float *, const float *, const float *, __m512 *);
+                       const void *, const void *, int, const float *, __m512 *);
 static const Kernel BY[2][RB] = {
     {rows1_8, rows2_8, rows3_8, rows4_8, rows5_8, rows6_8, rows7_8, rows8_8},
     {rows1_4, rows2_4, rows3_4, rows4_4, rows5_4, rows6_4, rows7_4, rows8_4}};
@@ -306,10 +308,18 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
         int cols = n1 - c0 < P ? (int)(n1 - c0) : P;
         const uint8_t *p[P]; /* a last panel of fewer columns repeats its last (not stored) */
         for (int c = 0; c < P; c++) p[c] = (const uint8_t *)w + (c0 + (c < cols ? c : cols - 1)) * row;
-        const float *ps = s, *pm = m; /* the panel's scales and minimums, [G, P] */
+        const void *ps = s, *pm = m; /* the panel's scales and minimums, [G, P] */
+        int sh = 0;                  /* fp16 tables, widened by the kernel */
         if (panels) {
             int64_t next = c0 + AHEAD * P < n1 ? c0 / P + AHEAD : -1;
-            panel_tables(panels, half, c0 / P, next, G, s, m, &ps, &pm);
+            if (amx) { /* the tiles' kernel takes fp32 tables */
+                const float *fs, *fm;
+                panel_tables(panels, half, c0 / P, next, G, s, m, &fs, &fm);
+                ps = fs, pm = fm;
+            } else {
+                panel_tables_raw(panels, half, c0 / P, next, G, &ps, &pm);
+                sh = half;
+            }
         } else {
             panel_scales(scale, half, c0, cols, G, s);
             if (mins) panel_scales(mins, half, c0, cols, G, m);
@@ -331,7 +341,7 @@ int q8x16_columns(const Q8Rows *x, const void *w, int bits, const void *scale,
         for (int64_t r0 = 0; r0 < x->M; r0 += RB) {
             int R = x->M - r0 < RB ? (int)(x->M - r0) : RB;
             __m512 out[RB];
-            BY[bits == 4][R - 1](x, r0, p, stage, group, ps, pm, X, out);
+            BY[bits == 4][R - 1](x, r0, p, stage, group, ps, pm, sh, X, out);
             for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + c0, keep, out[r]);
         }
     }

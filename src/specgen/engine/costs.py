@@ -248,8 +248,9 @@ def _write_json(path, record: dict) -> None:
 # 8-bit-activation products, SPECGEN_CPU_ACT, whose extra rows cost a fraction of fp32's;
 # 9: panel-major scales (a decode step 12% faster) and 8-row register blocks: tables made
 # before them priced a plain step high and 5-8-row blocks high; 10: attention tile by tile
-# for the queries that share a KV head, long contexts' verify blocks 14-23% cheaper).
-KERNELS_REVISION = 10
+# for the queries that share a KV head, long contexts' verify blocks 14-23% cheaper; 11: fp16
+# scales widened in the 8-bit kernel, attention shared by cost: steps 2-7% cheaper).
+KERNELS_REVISION = 11
 
 
 def cached_costs(

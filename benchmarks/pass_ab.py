@@ -9,7 +9,8 @@ noise, 10-30%, swamps a few percent between processes). Per call shape the media
 Shapes: one answer of 1, 4, 8 and 64 rows, and 4 and 8 answers of one row each (their own
 caches), after each context; then answers at different contexts in one pass (--mixed, as a
 server's slots are: 8 one-row answers, and a 64-row prompt chunk beside 7 of them). Run
-with SPECGEN_CPU_THREADS=fixed, so both libraries run with the same thread count. The embedded default model; timings only.
+with SPECGEN_CPU_THREADS=fixed, so both libraries run with the same thread count. The
+embedded default model; timings only.
 """
 
 from __future__ import annotations

@@ -114,12 +114,19 @@ static inline void sums8(const __m256i *z, const __m256i *mag, const int8_t *xb,
 #endif
 }
 
-static inline __m256 step(__m256 acc, const float *s, __m256 d, __m256i D) {
-    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s), d), _mm256_cvtepi32_ps(D), acc);
+static inline __m256 step(__m256 acc, __m256 s, __m256 d, __m256i D) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(s, d), _mm256_cvtepi32_ps(D), acc);
 }
 
-static inline __m256 offset(__m256 acc, const float *m, float X) {
-    return _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_set1_ps(X), acc);
+static inline __m256 offset(__m256 acc, __m256 m, float X) {
+    return _mm256_fmadd_ps(m, _mm256_set1_ps(X), acc);
+}
+
+/* 8 of a panel's scales (or minimums) at element `at`: fp32, or fp16 widened here, once a
+ * block for all its rows (see q8x16.c's scales16) */
+static inline __m256 scales8(const void *t, int64_t at, int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)t + at)));
+    return _mm256_loadu_ps((const float *)t + at);
 }
 
 /* r[i] lane j -> r[j] lane i: 8 x 8 floats in 24 shuffles */
@@ -169,8 +176,8 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
 /* R rows against one panel (see q8x16.c's KERNEL) */
 #define KERNEL(NAME, R, BITS)                                                                  \
     static void NAME(const Q8Rows *x, int64_t r0, const uint8_t *const *p,                     \
-                     const __m256i *staged, int64_t group, const float *s, const float *m,     \
-                     const float *X, __m256 *out) {                                            \
+                     const __m256i *staged, int64_t group, const void *s, const void *m,       \
+                     int sh, const float *X, __m256 *out) {                                    \
         int64_t K = x->K, nb = K / 32, G = K / group;                                          \
         int per = 0; /* blocks per group: 1 << per (group 16: one block, two groups) */        \
         while (group > 32 && (32 << per) < group) per++;                                       \
@@ -188,28 +195,33 @@ static void panel_scales(const void *table, int half, int64_t n0, int cols, int6
                 for (int t = 0; t < 8; t++) mag[t] = _mm256_abs_epi8(z[t]);                    \
             int64_t g = group == 16 ? 2 * b : b >> per;                                        \
             int last = ((b + 1) & ((1 << per) - 1)) == 0;                                      \
+            __m256 s0 = scales8(s, g * P, sh), m0 = m ? scales8(m, g * P, sh) : s0, s1 = s0, m1 = m0; \
+            if (BITS == 8 && group == 16) {                                                    \
+                s1 = scales8(s, g * P + P, sh);                                                \
+                if (m) m1 = scales8(m, g * P + P, sh);                                         \
+            }                                                                                  \
             for (int r = 0; r < R; r++) {                                                      \
                 int64_t row = r0 + r;                                                          \
                 const int8_t *xb = x->q + row * K + 32 * b;                                    \
                 __m256 d = _mm256_set1_ps(x->d[row * nb + b]);                                 \
                 const float *Xr = m ? X + row * G : NULL;                                      \
                 if (BITS == 4) {                                                               \
-                    acc[r] = step(acc[r], s + g * P, d, sums4(z, xb));                         \
-                    if (m && last) acc[r] = offset(acc[r], m + g * P, Xr[g]);                  \
+                    acc[r] = step(acc[r], s0, d, sums4(z, xb));                                \
+                    if (m && last) acc[r] = offset(acc[r], m0, Xr[g]);                         \
                     continue;                                                                  \
                 }                                                                              \
                 const int32_t *hs = x->sums + row * (K / 16) + 2 * b;                          \
                 __m256i h0, h1;                                                                \
                 sums8(z, mag, xb, hs[0], hs[1], &h0, &h1);                                     \
                 if (group == 16) {                                                             \
-                    acc[r] = step(acc[r], s + g * P, d, h0);                                   \
-                    if (m) acc[r] = offset(acc[r], m + g * P, Xr[g]);                          \
-                    acc[r] = step(acc[r], s + g * P + P, d, h1);                               \
-                    if (m) acc[r] = offset(acc[r], m + g * P + P, Xr[g + 1]);                  \
+                    acc[r] = step(acc[r], s0, d, h0);                                          \
+                    if (m) acc[r] = offset(acc[r], m0, Xr[g]);                                 \
+                    acc[r] = step(acc[r], s1, d, h1);                                          \
+                    if (m) acc[r] = offset(acc[r], m1, Xr[g + 1]);                             \
                     continue;                                                                  \
                 }                                                                              \
-                acc[r] = step(acc[r], s + g * P, d, _mm256_add_epi32(h0, h1));                 \
-                if (m && last) acc[r] = offset(acc[r], m + g * P, Xr[g]);                      \
+                acc[r] = step(acc[r], s0, d, _mm256_add_epi32(h0, h1));                        \
+                if (m && last) acc[r] = offset(acc[r], m0, Xr[g]);                             \
             }                                                                                  \
         }                                                                                      \
         for (int r = 0; r < R; r++) out[r] = acc[r];                                           \
@@ -223,7 +235,7 @@ KERNEL(rows2_8, 2, 8)
 KERNEL(rows3_8, 3, 8)
 KERNEL(rows4_8, 4, 8)
 typedef void (*Kernel)(const Q8Rows *, int64_t, const uint8_t *const *, const __m256i *, int64_t,
-                       const float *, const float *, const float *, __m256 *);
+                       const void *, const void *, int, const float *, __m256 *);
 static const Kernel BY[2][RB] = {{rows1_8, rows2_8, rows3_8, rows4_8},
                                  {rows1_4, rows2_4, rows3_4, rows4_4}};
 
@@ -245,10 +257,12 @@ int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, co
         int cols = n1 - c0 < P ? (int)(n1 - c0) : P;
         const uint8_t *p[P]; /* a last panel of fewer columns repeats its last (not stored) */
         for (int c = 0; c < P; c++) p[c] = (const uint8_t *)w + (c0 + (c < cols ? c : cols - 1)) * row;
-        const float *ps = s, *pm = m; /* the panel's scales and minimums, [G, P] */
+        const void *ps = s, *pm = m; /* the panel's scales and minimums, [G, P] */
+        int sh = 0;                  /* fp16 tables, widened by the kernel */
         if (panels) {
             int64_t next = c0 + AHEAD * P < n1 ? c0 / P + AHEAD : -1;
-            panel_tables(panels, half, c0 / P, next, G, s, m, &ps, &pm);
+            panel_tables_raw(panels, half, c0 / P, next, G, &ps, &pm);
+            sh = half;
         } else {
             panel_scales(scale, half, c0, cols, G, s);
             if (mins) panel_scales(mins, half, c0, cols, G, m);
@@ -264,7 +278,7 @@ int q8x8_columns(const Q8Rows *x, const void *w, int bits, const void *scale, co
             int R = x->M - r0 < RB ? (int)(x->M - r0) : RB;
             __m256 out[RB];
             float lanes[P];
-            BY[bits == 4][R - 1](x, r0, p, stage, group, ps, pm, X, out);
+            BY[bits == 4][R - 1](x, r0, p, stage, group, ps, pm, sh, X, out);
             for (int r = 0; r < R; r++) {
                 _mm256_storeu_ps(lanes, out[r]);
                 memcpy(y + (r0 + r) * ldy + c0, lanes, sizeof(float) * cols);

@@ -144,3 +144,4 @@ def test_metrics_show_every_slot(server):
         found = re.findall(rf'^specgen_{family}{{slot="(\d+)"}} ', text, re.M)
         assert sorted(map(int, found)) == list(range(SLOTS)), family
     assert re.search(r"^specgen_batch_rows_total \d+", text, re.M)
+    assert re.search(r"^specgen_batch_steps_held_total \d+", text, re.M)

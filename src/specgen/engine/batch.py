@@ -14,7 +14,9 @@ conversation and seed only (scheduling/learning.py), whatever else shares its st
 
 Each step's forward is timed against what the table priced it at (`_observe`): the
 answers' schedulers then price from the table as the steps ran it (scheduling/
-observed.py), a seeded answer excepted.
+observed.py), a seeded answer excepted. And each shared step's whole time and tokens go
+to the batch's `DraftGuard` (scheduling/guard.py), which holds every answer's drafts back
+in the epochs where steps without them have been committing tokens faster.
 
 A failure belongs to the answer it happened in (its `Outcome` carries the error, the
 others go on); only a forward that fails fails every answer in it.
@@ -46,6 +48,7 @@ from specgen.scheduling.batch import (
     SeparateForwards,
     batch_prices,
 )
+from specgen.scheduling.guard import DraftGuard
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Counters:
     answers: int = 0  # answers in each step, summed (/ steps: the mean batch)
     drafted: int = 0  # rows that were drafts
     by_size: dict[int, int] = field(default_factory=dict)  # answers in a step -> steps
+    held: int = 0  # shared steps whose answers' drafts the guard held back (`DraftGuard`)
 
 
 class Batch:
@@ -82,6 +86,7 @@ class Batch:
         self._turn = 0
         self._decoding: set[int] = set()
         self._held: dict[int, int] = {}  # id(stepper) -> steps its prompt was held back
+        self.guard = DraftGuard()
 
     @torch.inference_mode()
     def step(self, steppers: Sequence[Stepper]) -> list[Outcome]:
@@ -96,9 +101,14 @@ class Batch:
         order = live[first:] + live[:first]
         parts: dict[int, Part] = {id(s): (s.context, s.rows_now()) for s in live}
         self._decoding = {id(s) for s in live if not s.prefilling}  # get a token this step
+        began = clock.now()
+        drafting = self.guard.drafting(len(self._decoding))
         outcomes: dict[int, Outcome] = {}
         planned: list[tuple[Stepper, Rows]] = []
+        held = False  # whether the guard held back an answer that could have drafted
         for stepper in order:
+            stepper.may_draft = drafting or not _guarded(stepper)
+            held |= not stepper.may_draft and stepper.drafts
             try:
                 self._price(stepper, parts)
                 rows = stepper.plan()
@@ -111,11 +121,11 @@ class Batch:
                     stepper.scheduler.step_prices = None
             parts[id(stepper)] = (stepper.context, len(rows.tokens))
             planned.append((stepper, rows))
-        self._count(planned)
+        self._count(planned, held)
         try:
-            began = clock.now()
+            start = clock.now()
             outs = forward_all([rows for _, rows in planned])
-            self._observe(planned, [parts[id(s)] for s, _ in planned], clock.now() - began)
+            self._observe(planned, [parts[id(s)] for s, _ in planned], clock.now() - start)
         except Exception as e:  # the forward all of them were in
             for stepper, _ in planned:
                 outcomes[id(stepper)] = Outcome(stepper, error=e)
@@ -125,7 +135,19 @@ class Batch:
                 outcomes[id(stepper)] = Outcome(stepper, stepper.finish(out))
             except Exception as e:
                 outcomes[id(stepper)] = Outcome(stepper, error=e)
+        self._judge(planned, outcomes, clock.now() - began)
         return [outcomes.get(id(s), Outcome(s)) for s in everyone]  # held back: nothing
+
+    def _judge(
+        self, planned: list[tuple[Stepper, Rows]], outcomes: dict[int, Outcome], seconds: float
+    ) -> None:
+        """This step's time and the tokens its decoding answers committed, to the guard."""
+        tokens = sum(
+            len(o.event.tokens) for k, o in outcomes.items()
+            if k in self._decoding and o.event is not None
+        )  # fmt: skip
+        reading = any(rows.prefill for _, rows in planned)
+        self.guard.ran(len(self._decoding), tokens, seconds, reading)
 
     def _hold(self, steppers: list[Stepper]) -> set[int]:
         """The prompts held back this step (ids): those past the budget of prompt rows."""
@@ -184,15 +206,24 @@ class Batch:
             ):
                 return
 
-    def _count(self, planned: list[tuple[Stepper, Rows]]) -> None:
+    def _count(self, planned: list[tuple[Stepper, Rows]], held: bool) -> None:
         c = self.counters
         c.steps += 1
+        c.held += held
         c.answers += len(planned)
         c.by_size[len(planned)] = c.by_size.get(len(planned), 0) + 1
         for _, rows in planned:
             c.rows += len(rows.tokens)
             if not rows.prefill:
                 c.drafted += len(rows.tokens) - 1
+
+
+def _guarded(stepper: Stepper) -> bool:
+    """Whether the guard may hold `stepper`'s drafts back: its scheduler weighs drafts
+    against their cost (an explicit full or threshold policy drafts as asked), and it is
+    not a seeded sample (which decides as if alone)."""
+    scheduler = stepper.scheduler
+    return scheduler is not None and scheduler.prices_drafts and not stepper.seeded
 
 
 def forward_all(planned: Sequence[Rows]) -> list[ForwardOutput]:

@@ -84,6 +84,9 @@ class Stepper:
         self._draft: Draft | None = None  # this step's, as verified
         self._proposal: Draft | None = None  # and as drafted
         self._start = 0  # the cache length before this step's forward
+        # False: this step decodes without drafting (a batch whose drafts have not been
+        # paying, scheduling/guard.py); the drafter still sees every committed token
+        self.may_draft = True
 
     @property
     def scheduler(self):
@@ -141,7 +144,7 @@ class Stepper:
             ids = self.new_ids[start:end]
             return Rows(ids, self.cache, session.forward, taps, 1, device)
         proposal = empty_draft(device)
-        if drafter is not None:
+        if drafter is not None and self.may_draft:
             room = draft_room(  # at the anchor: a free drafter is offered where it has a draft
                 drafter, self.scheduler, self._room(), self.cache.length, self.anchor, self.params
             )

@@ -135,6 +135,9 @@ class Metrics:
                  "drafts).", [("", counters.rows)]),
                 ("batch_draft_rows_total", "counter", "Target rows that verified drafts.",
                  [("", counters.drafted)]),
+                ("batch_steps_held_total", "counter", "Shared steps whose answers were held "
+                 "back from drafting (plain steps were committing tokens faster).",
+                 [("", counters.held)]),
                 ("batch_steps_by_size_total", "counter", "Steps by the answers in them.",
                  [(f'answers="{n}"', k) for n, k in sizes]),
             ]  # fmt: skip

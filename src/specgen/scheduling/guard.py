@@ -8,7 +8,7 @@ share) and prices that are off for the batch's mix. Served to 4 clients on the 2
 ngram ran at 0.83-0.93x AR in two rounds while every price said its drafts paid.
 
 So a batch of a given size takes turns: an epoch of `EPOCH` shared steps with drafting as
-the prices decide, one with no drafts (each answer's scheduler is told no draft pays), and
+the prices decide, one with no drafts (engine/batch.py clears each answer's `may_draft`), and
 then keeps to the faster (committed tokens per second of step time, steps reading a
 prompt left out), trying the other again every `EXPLORE` epochs, as the load, the
 contexts and the acceptance move. Sizes are judged apart (2, 3-4, 5-8, 9 and more
@@ -67,7 +67,7 @@ class DraftGuard:
             self._next_epoch(size)
 
     def rates(self, answers: int) -> dict[bool, float]:
-        """What each way has shown at this size (tokens per second; for /metrics, tests)."""
+        """What each way has shown at this size (tokens per second)."""
         size = self._sizes.get(size_class(answers))
         return dict(size.rates) if size is not None else {}
 
@@ -80,7 +80,8 @@ class DraftGuard:
         size.epochs += 1
         size.tokens, size.seconds, size.left = 0, 0.0, EPOCH
         if len(size.rates) < 2:  # a way not yet seen is tried next
-            size.drafting = not size.drafting if size.drafting in size.rates else size.drafting
+            if size.drafting in size.rates:
+                size.drafting = not size.drafting
             return
         better = size.rates[True] >= size.rates[False]
         size.drafting = better if size.epochs % EXPLORE else not better

@@ -58,11 +58,11 @@ const float *packed_scales(const void *table, int half, int64_t row, int64_t row
  * into L2 (as the kernels do for its weights), none when next < 0 */
 void panel_tables(const Panels *p, int half, int64_t at, int64_t next, int64_t G, float *sbuf,
                   float *mbuf, const float **s, const float **m) {
-    const void *rs, *rm; /* for the asking ahead: the tables widened here instead */
-    panel_tables_raw(p, half, at, next, G, &rs, &rm);
+    const void *rs, *rm;
     int64_t count = G * p->width;
-    *s = packed_scales(p->scale, half, at, 1, count, sbuf);
-    *m = packed_scales(p->mins, half, at, 1, count, mbuf);
+    panel_tables_raw(p, half, at, next, G, &rs, &rm);
+    *s = packed_scales(rs, half, 0, 1, count, sbuf);
+    *m = packed_scales(rm, half, 0, 1, count, mbuf);
 }
 
 void panel_tables_raw(const Panels *p, int half, int64_t at, int64_t next, int64_t G,

@@ -6,13 +6,23 @@ embedded default fell from 148 to 35 tokens/s beside one spinning process on 2 c
 where one thread alone gives about 85). No fixed setting is right on both a quiet and a
 busy machine, and the load changes while a server runs. Since the pass computes the same
 bits with any thread count, the count can change between any two calls at no cost to
-exactness: each kind of call (by row count) times its calls per candidate count, takes the
-fastest (fewer threads only when clearly faster), and now and then tries another again,
-more rarely while the choice holds.
+exactness.
+
+Each kind of call (by row count) starts with every thread and now and then *tries* another
+count: three calls with it, the first only warming it (a thread woken after a long sleep,
+its caches cold, was up to 2.5x slower on its first call), the other two timed against
+the chosen count's last calls just before. Only such side-by-side ratios decide, never
+times taken minutes apart: a call's time grows with its answers' contexts and moves with
+whatever else the machine does, and a server whose first 8-row calls came while its
+pipelines were still loading judged two threads 2.6x slower than one, kept one thread,
+and ran its batches at 0.8x the speed. Fewer threads must win two tries in a row, more
+threads on their median. Tries come more rarely while the choice holds, and back to back
+when the chosen count's calls slow down (the load changed).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,10 +31,11 @@ from dataclasses import dataclass, field
 # every thread: its phases are long and split evenly, so a slow thread costs what it saves
 MAX_TUNED_ROWS = 64
 FIRST_PROBE, LAST_PROBE = 16, 512  # calls between tries of another count: doubling
-WINDOW = 9  # a count's time: the median of its last calls (a busy machine's are heavy-tailed)
-WARM = 3  # each count's first calls, the first unmeasured (it warms the caches)
+REFERENCE = 7  # the chosen count's last calls a try is set against (their median)
+TIMED = 2  # a try's calls timed after its warming one (their median)
+TRIES = 2  # a count's last tries that must all beat the chosen one
 MARGIN = 0.85  # each halving of the count must be this much faster to be taken
-CHANGED = 2.0  # the chosen count's time this much above its lowest: the load changed
+CHANGED = 2.0  # the chosen count's time this much above its last tried: the load changed
 
 
 def candidates(most: int) -> tuple[int, ...]:
@@ -38,28 +49,49 @@ def candidates(most: int) -> tuple[int, ...]:
 @dataclass
 class _Kind:
     counts: tuple[int, ...]
-    times: dict[int, deque] = field(default_factory=dict)  # seconds per row, last calls
-    seen: dict[int, int] = field(default_factory=dict)
     chosen: int = 0
-    low: float = 0.0  # the chosen count's lowest time since it was chosen
+    recent: deque = field(default_factory=lambda: deque(maxlen=REFERENCE))  # s per row
+    ratios: dict[int, deque] = field(default_factory=dict)  # a count's tries / the chosen's
+    base: float = math.inf  # the chosen count's median when a try last began
     calls: int = 0
     interval: int = FIRST_PROBE
     next_probe: int = FIRST_PROBE
+    hurry: bool = True  # tries back to back until each count has its full set
     probe: int = 0  # which other count the next try takes
+    trying: int = 0  # the count being tried (0: none)
+    timed: list = field(default_factory=list)  # the try's calls, s per row
 
-    def time(self, n: int) -> float:
-        return statistics.median(self.times[n])
+    def __post_init__(self) -> None:
+        self.chosen = self.chosen or self.counts[0]
 
-    def best(self) -> int:
-        """The fastest count, fewer threads held to MARGIN per halving: on a quiet machine
-        more threads win by far, and where they tie with fewer (two busy processes on two
-        cores) noise must not hand the calls to one thread."""
-        known = [n for n in self.counts if n in self.times]
-        return min(known, key=lambda n: self.time(n) / MARGIN ** self.counts.index(n))
+    @property
+    def others(self) -> list[int]:
+        return [n for n in self.counts if n != self.chosen]
+
+    def wins(self, n: int) -> bool:
+        """Whether count `n`'s tries beat the chosen count, fewer threads held to MARGIN
+        per halving (and more threads let off as much): on a quiet machine more threads
+        win by far, and where they tie with fewer (two busy processes on two cores) noise
+        must not hand the calls to one thread. Fewer threads must win every try, more
+        threads on the tries' median: the calls go back to the quiet machine's count
+        sooner than they leave it."""
+        tries = self.ratios.get(n, ())
+        halvings = self.counts.index(n) - self.counts.index(self.chosen)
+        judged = max(tries, default=0.0) if halvings > 0 else statistics.median(tries or [0])
+        return len(tries) == TRIES and judged < MARGIN**halvings
 
     def choose(self, n: int) -> None:
-        self.chosen, self.low = n, self.time(n)
+        self.chosen, self.base, self.hurry = n, math.inf, False
+        self.recent.clear()
+        self.ratios.clear()
         self.interval, self.next_probe = FIRST_PROBE, self.calls + FIRST_PROBE
+
+    def changed(self) -> None:
+        """The chosen count's calls slowed down: the load changed, earlier tries say
+        nothing now, and new ones come at once."""
+        self.ratios.clear()
+        self.interval, self.hurry = FIRST_PROBE, True
+        self.next_probe = min(self.next_probe, self.calls + 1)
 
 
 class ThreadTuner:
@@ -78,39 +110,52 @@ class ThreadTuner:
         kind = self.kinds.get(self.kind_of(rows))
         if kind is None or kind.counts[0] != most:  # new, or --threads changed
             kind = self.kinds[self.kind_of(rows)] = _Kind(candidates(most))
-        for n in kind.counts:
-            if kind.seen.get(n, 0) < WARM:
-                return n
-        if not kind.chosen:
-            kind.choose(kind.best())
+        if kind.trying:
+            return kind.trying
         kind.calls += 1
-        if kind.calls < kind.next_probe:
+        if kind.calls < kind.next_probe or len(kind.recent) < REFERENCE:
             return kind.chosen
-        others = [n for n in kind.counts if n != kind.chosen]
-        kind.probe = (kind.probe + 1) % len(others)
-        kind.next_probe = kind.calls + kind.interval
-        return others[kind.probe]
+        kind.probe = (kind.probe + 1) % len(kind.others)
+        kind.trying, kind.timed = kind.others[kind.probe], []
+        kind.base = statistics.median(kind.recent)
+        return kind.trying
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
         kind = self.kinds.get(self.kind_of(rows))
-        if kind is None or threads not in kind.counts or rows > MAX_TUNED_ROWS:
+        if kind is None or rows > MAX_TUNED_ROWS:
             return
-        seen = kind.seen[threads] = kind.seen.get(threads, 0) + 1
-        if seen == 1:
-            return  # the warm-up call
-        kind.times.setdefault(threads, deque(maxlen=WINDOW)).append(seconds / rows)
-        if not kind.chosen:
+        if kind.trying and threads == kind.trying:
+            self._tried(kind, threads, seconds / rows)
+        elif threads == kind.chosen:
+            self._ran(kind, seconds / rows)
+
+    @staticmethod
+    def _tried(kind: _Kind, threads: int, per_row: float) -> None:
+        kind.timed.append(per_row)  # the first warms the count, untimed
+        if len(kind.timed) <= TIMED:
             return
-        best = kind.best()
-        if best != kind.chosen:
-            kind.choose(best)  # a try found a faster count, or the chosen one slowed down
-        elif threads != kind.chosen:  # a try that left the choice as it was: try more
-            if len(kind.times[threads]) == WINDOW:  # rarely once its time is its own again
-                kind.interval = min(2 * kind.interval, LAST_PROBE)
-            kind.next_probe = kind.calls + kind.interval
-        else:
-            now = kind.time(threads)
-            kind.low = min(kind.low, now)
-            if now > CHANGED * kind.low:  # the machine changed: look around again soon
-                kind.low, kind.interval = now, FIRST_PROBE
-                kind.next_probe = min(kind.next_probe, kind.calls + 1)
+        tries = kind.ratios.setdefault(threads, deque(maxlen=TRIES))
+        tries.append(statistics.median(kind.timed[1:]) / statistics.median(kind.recent))
+        kind.trying = 0
+        if kind.wins(threads):
+            kind.choose(threads)
+            return
+        if kind.hurry and any(len(kind.ratios.get(n, ())) < TRIES for n in kind.others):
+            kind.next_probe = kind.calls + 1
+            return
+        if not kind.hurry and len(tries) == TRIES:  # the choice held: look more rarely
+            kind.interval = min(2 * kind.interval, LAST_PROBE)
+        kind.hurry = False
+        kind.next_probe = kind.calls + kind.interval
+
+    @staticmethod
+    def _ran(kind: _Kind, per_row: float) -> None:
+        kind.recent.append(per_row)
+        if len(kind.recent) < REFERENCE or kind.calls % REFERENCE:
+            return  # (windows apart: overlapping ones would see one slow stretch 7 times)
+        now = statistics.median(kind.recent)
+        if now > CHANGED * kind.base:
+            kind.base = now
+            kind.changed()
+        elif kind.base == math.inf:
+            kind.base = now  # the first window: until the first try

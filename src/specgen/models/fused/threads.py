@@ -13,9 +13,9 @@ count: three calls with it, the first only warming it (a thread woken after a lo
 its caches cold, was up to 2.5x slower on its first call), the other two timed against
 the chosen count's last calls just before. Only such side-by-side ratios decide, never
 times taken minutes apart: a call's time grows with its answers' contexts and moves with
-whatever else the machine does, and a server whose first 8-row calls came while its
-pipelines were still loading judged two threads 2.6x slower than one, kept one thread,
-and ran its batches at 0.8x the speed. Fewer threads must win two tries in a row, more
+whatever else the machine does, and servers whose first 8-row calls were slowed by
+something else for a few seconds (every pass 2.6x slower at two threads) judged one
+thread faster, kept it, and ran their batches at 0.8x the speed. Fewer threads must win two tries in a row, more
 threads on their median. Tries come more rarely while the choice holds, and back to back
 when the chosen count's calls slow down (the load changed).
 """

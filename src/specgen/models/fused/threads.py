@@ -15,9 +15,9 @@ the chosen count's last calls just before. Only such side-by-side ratios decide,
 times taken minutes apart: a call's time grows with its answers' contexts and moves with
 whatever else the machine does, and servers whose first 8-row calls were slowed by
 something else for a few seconds (every pass 2.6x slower at two threads) judged one
-thread faster, kept it, and ran their batches at 0.8x the speed. Fewer threads must win two tries in a row, more
-threads on their median. Tries come more rarely while the choice holds, and back to back
-when the chosen count's calls slow down (the load changed).
+thread faster, kept it, and ran their batches at 0.8x the speed. Fewer threads must win
+two tries in a row, more threads on their median. Tries come more rarely while the choice
+holds, and back to back when the chosen count's calls slow down (the load changed).
 """
 
 from __future__ import annotations
@@ -76,9 +76,11 @@ class _Kind:
         threads on the tries' median: the calls go back to the quiet machine's count
         sooner than they leave it."""
         tries = self.ratios.get(n, ())
+        if len(tries) < TRIES:
+            return False
         halvings = self.counts.index(n) - self.counts.index(self.chosen)
-        judged = max(tries, default=0.0) if halvings > 0 else statistics.median(tries or [0])
-        return len(tries) == TRIES and judged < MARGIN**halvings
+        judged = max(tries) if halvings > 0 else statistics.median(tries)
+        return judged < MARGIN**halvings
 
     def choose(self, n: int) -> None:
         self.chosen, self.base, self.hurry = n, math.inf, False
@@ -115,8 +117,9 @@ class ThreadTuner:
         kind.calls += 1
         if kind.calls < kind.next_probe or len(kind.recent) < REFERENCE:
             return kind.chosen
-        kind.probe = (kind.probe + 1) % len(kind.others)
-        kind.trying, kind.timed = kind.others[kind.probe], []
+        others = kind.others
+        kind.probe = (kind.probe + 1) % len(others)
+        kind.trying, kind.timed = others[kind.probe], []
         kind.base = statistics.median(kind.recent)
         return kind.trying
 

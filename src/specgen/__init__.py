@@ -11,15 +11,13 @@ Public API:
     Streams(pipes, parallel) -> several answers at once (open / step / close)
 """
 
-import os
+from specgen.core import spin
 
-# Before torch loads libgomp: its OpenMP threads spin-wait far shorter than libgomp's
-# default before they sleep. Beside another busy process on a small machine long spins
-# starve the very thread they wait for and decoding collapses; short ones keep the idle
-# speed (docs/results.md, "Threads beside a busy process"). OMP_WAIT_POLICY or
-# GOMP_SPINCOUNT choose otherwise; nothing changes when torch was imported first.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+# Before torch loads libgomp: its idle OpenMP threads spin far shorter than libgomp's
+# default before they sleep, so a busy neighbour process keeps the idle speed
+# (core/spin.py; `specgen serve` spins longer). OMP_WAIT_POLICY or GOMP_SPINCOUNT choose
+# otherwise; nothing changes when torch was imported first.
+spin.choose(spin.DEFAULT)
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,7 @@ import typer
 
 from specgen.cli.common import user_errors
 from specgen.cli.options import GROUPS, Run, run_options
+from specgen.core import spin
 from specgen.core.errors import SpecgenError
 from specgen.terminal import display
 
@@ -122,6 +123,7 @@ def serve(
     run: Run,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with speculative stats per answer."""
+    spin.for_serving()  # before torch loads: libgomp reads it once (core/spin.py)
     with user_errors(run.debug):
         from specgen.serve.log import Log
         from specgen.serve.openai_api import Defaults

@@ -44,8 +44,20 @@ class Draft:
         )
 
 
+_EMPTY: dict[str, Draft] = {}  # by device
+
+
 def empty_draft(device: torch.device | str = "cpu") -> Draft:
-    return Draft(tokens=torch.empty(1, 0, dtype=torch.long, device=device))
+    """No draft (a plain decoding step): one instance per device, shared (a Draft is never
+    changed; a new one every plain step was a tenth of a learned drafter's host work
+    beside the forward). Made outside inference mode, so any caller may use it."""
+    key = str(device)
+    known = _EMPTY.get(key)
+    if known is None:
+        with torch.inference_mode(False):
+            tokens = torch.empty(1, 0, dtype=torch.long, device=device)
+        known = _EMPTY[key] = Draft(tokens=tokens)
+    return known
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class DraftContext:
         self._extend_at = extend_at  # writes features at a device-resident position
         self._pending: list[tuple[torch.Tensor, ...]] = []  # [1, T_i, F] in parts, in order
         self._pending_tokens = 0
+        self._limit: int | None = None  # `pending_limit` of its features (one width)
 
     @property
     def length(self) -> int:
@@ -61,7 +62,9 @@ class DraftContext:
         parts = features if isinstance(features, tuple) else (features,)
         self._pending.append(parts)
         self._pending_tokens += parts[0].shape[1]
-        if self._pending_tokens >= pending_limit(parts):
+        if self._limit is None:
+            self._limit = pending_limit(parts)
+        if self._pending_tokens >= self._limit:
             self.ready()
 
     def rollback(self, length: int) -> None:

@@ -165,10 +165,11 @@ def generate_speculative(
         # are read back only after the verify forward is queued, so on a GPU the device
         # goes straight from drafting to verifying while the host waits for the drafts.
         drafts = draft.tokens.to(device=anchor_t.device, dtype=anchor_t.dtype)
-        block = torch.cat([anchor_t, drafts], dim=1)
+        block = torch.cat([anchor_t, drafts], dim=1) if draft.length else anchor_t
         began = clock.now()
         out = model(block, cache, taps=drafter.taps)
-        verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
+        # sync: the drafts are needed on the host anyway
+        verified = draft.tokens[0].tolist() if draft.length else []
         scored = masked(constraint, penalised(penalties, out.logits, drafts), verified)
         if verified:
             verdict = verify_draft(scored, draft, params, generator)

@@ -155,7 +155,8 @@ class Stepper:
         scheduler = self.scheduler
         draft = proposal if scheduler is None else scheduler.trim(proposal, self.cache.length)
         self._proposal, self._draft = proposal, draft
-        verified = draft.tokens[0].tolist()  # sync: the drafts are needed on the host anyway
+        # sync: the drafts are needed on the host anyway
+        verified = draft.tokens[0].tolist() if draft.length else []
         return Rows([self.anchor, *verified], self.cache, session.forward, taps, None, device)
 
     def finish(self, out: ForwardOutput) -> StepEvent | None:
@@ -191,7 +192,7 @@ class Stepper:
         draft, proposal = self._draft, self._proposal
         assert draft is not None and proposal is not None and self.anchor_t is not None
         params, constraint, penalties = self.params, self.constraint, self.penalties
-        verified = draft.tokens[0].tolist()
+        verified = draft.tokens[0].tolist() if draft.length else []
         drafts = draft.tokens.to(device=self.anchor_t.device, dtype=self.anchor_t.dtype)
         scored = masked(constraint, penalised(penalties, out.logits, drafts), verified)
         if verified:

@@ -7,7 +7,7 @@ layers ran an OpenMP region per op; docs/results.md, "Threads beside a busy proc
 `specgen serve` takes libgomp's own length back (`SERVING`): between two of its fused
 passes the worker spends a millisecond in Python while the event loop streams the last
 token on the other core, so a helper that slept after 3,000 rounds had to be woken onto a
-busy core at every pass; one client's tokens/s rose 15-25%, with 4 or 8 clients or
+busy core at every pass; one client's tokens/s rose 9-25%, with 4 or 8 clients or
 beside a busy process it stayed within noise (docs/results.md, session 64).
 
 Only a choice specgen made is changed: GOMP_SPINCOUNT or OMP_WAIT_POLICY set by the user

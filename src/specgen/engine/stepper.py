@@ -83,6 +83,7 @@ class Stepper:
         self.finish_reason: str | None = None
         self._draft: Draft | None = None  # this step's, as verified
         self._proposal: Draft | None = None  # and as drafted
+        self._draft_ids: list[int] = []  # its tokens on the host, read back once in `plan`
         self._start = 0  # the cache length before this step's forward
         # False: this step decodes without drafting (a batch whose drafts have not been
         # paying, scheduling/guard.py); the drafter still sees every committed token
@@ -156,7 +157,7 @@ class Stepper:
         draft = proposal if scheduler is None else scheduler.trim(proposal, self.cache.length)
         self._proposal, self._draft = proposal, draft
         # sync: the drafts are needed on the host anyway
-        verified = draft.tokens[0].tolist() if draft.length else []
+        verified = self._draft_ids = draft.tokens[0].tolist() if draft.length else []
         return Rows([self.anchor, *verified], self.cache, session.forward, taps, None, device)
 
     def finish(self, out: ForwardOutput) -> StepEvent | None:
@@ -192,7 +193,7 @@ class Stepper:
         draft, proposal = self._draft, self._proposal
         assert draft is not None and proposal is not None and self.anchor_t is not None
         params, constraint, penalties = self.params, self.constraint, self.penalties
-        verified = draft.tokens[0].tolist() if draft.length else []
+        verified = self._draft_ids
         drafts = draft.tokens.to(device=self.anchor_t.device, dtype=self.anchor_t.dtype)
         scored = masked(constraint, penalised(penalties, out.logits, drafts), verified)
         if verified:

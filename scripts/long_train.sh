@@ -6,11 +6,15 @@
 #   SESSION=240 KINDS="dflash eagle3" nice -n 19 bash scripts/long_train.sh
 #   SHIP=1 bash scripts/long_train.sh                # also copy a drafter that earned it
 #
-# 1. Data: the target that verifies (the default's own packed GGUF, as it decodes) answers
-#    the training prompts ../shared/data/train (done: data/smollm2-135m/answers.jsonl) and
-#    the generated ones (data/smollm2-135m/generated-prompts.jsonl, scripts/
-#    make_train_prompts.py) into build/long-train/answers/answers.jsonl; resumable, each
-#    session answers for at most ANSWER_MINUTES. Never the evaluation prompts.
+# 1. Data: the target that verifies (the default's own packed GGUF, decoding as it does
+#    when it verifies: `specgen train --prompts` on the CPU answers through the library's
+#    continuous batching) answers the training prompts ../shared/data/train (less the
+#    calibration reserve) and the generated ones (data/smollm2-135m/generated-prompts.jsonl,
+#    scripts/make_train_prompts.py) into build/long-train/answers/answers.jsonl;
+#    resumable, each session answers for at most ANSWER_MINUTES. Never the evaluation
+#    prompts. (data/smollm2-135m/answers.jsonl, the shipped drafters' data, came from eager
+#    batches whose answers left the verifying target's in 20 of 32 answers measured, so
+#    the long run answers those prompts again.)
 # 2. Each drafter trains for SESSION minutes from where the last session stopped (its
 #    state in build/long-train/KIND, the learning rate on a schedule over STEPS steps,
 #    not over wall time, so a session starved by other work loses nothing), starting from
@@ -35,12 +39,16 @@ mkdir -p "$ROOT/answers"
 if [[ ! -s data/smollm2-135m/generated-prompts.jsonl ]]; then
   python scripts/make_train_prompts.py 3000 > data/smollm2-135m/generated-prompts.jsonl
 fi
-# answers in slices: `timeout` stops a batch mid-way, and the next session skips what is done
-timeout "$((ANSWER_MINUTES * 60))" specgen train --prompts data/smollm2-135m/generated-prompts.jsonl \
+python scripts/train_prompts.py ../shared/data/train data/smollm2-135m/calibration-prompts.jsonl \
+  build/train-prompts
+PROMPTS=(--prompts data/smollm2-135m/generated-prompts.jsonl)
+for f in build/train-prompts/*.jsonl; do PROMPTS+=(--prompts "$f"); done
+# answers in slices: `timeout` stops the answering (each answer is written as it ends), and
+# the next session skips what is done
+timeout "$((ANSWER_MINUTES * 60))" specgen train "${PROMPTS[@]}" \
   --out "$ROOT/answers" --max-new-tokens 256 --prompt-tokens 512 --batch 16 \
   --device "$DEVICE" || echo "answers: stopped after $ANSWER_MINUTES min (resumes next session)"
-DATA=(--data data/smollm2-135m/answers.jsonl)
-[[ -s "$ROOT/answers/answers.jsonl" ]] && DATA+=(--data "$ROOT/answers/answers.jsonl")
+DATA=(--data "$ROOT/answers/answers.jsonl")
 
 for kind in $KINDS; do
   # the block drafters go on from the shipped ones (same shape); EAGLE-3, whose head rows

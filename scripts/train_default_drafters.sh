@@ -25,17 +25,7 @@ TRAIN=../shared/data/train
 BUILD=build/drafters
 RESERVE=data/smollm2-135m/calibration-prompts.jsonl
 
-python - "$TRAIN" "$RESERVE" build/train-prompts <<'PY'
-import json, sys
-from pathlib import Path
-from specgen.training.generate import prompt_key
-reserve = {prompt_key(json.loads(l)["turns"][0]) for l in open(sys.argv[2], encoding="utf-8")}
-out = Path(sys.argv[3]); out.mkdir(parents=True, exist_ok=True)
-for path in sorted(Path(sys.argv[1]).glob("*.jsonl")):
-    lines = [l for l in path.read_text(encoding="utf-8").split("\n") if l.strip()]
-    kept = [l for l in lines if prompt_key(json.loads(l)["turns"][0]) not in reserve]
-    (out / path.name).write_text("".join(l + "\n" for l in kept), encoding="utf-8")
-PY
+python scripts/train_prompts.py "$TRAIN" "$RESERVE" build/train-prompts
 if [[ "${SKIP_ANSWERS:-0}" != 1 ]]; then
   PROMPTS=()
   for f in build/train-prompts/*.jsonl; do PROMPTS+=(--prompts "$f"); done

@@ -127,6 +127,7 @@ def train(
         import torch
 
         from specgen.api.loader import load_weights
+        from specgen.cli.train_answers import answer_training_prompts
         from specgen.core.device import resolve_device
         from specgen.core.errors import SpecgenError
         from specgen.core.paths import specgen_home
@@ -163,7 +164,8 @@ def train(
         files = list(data or [])
         if prompts:
             files.append(
-                _answer(
+                answer_training_prompts(
+                    model,
                     resolved,
                     dev,
                     prompts,
@@ -230,33 +232,3 @@ def train(
             f"(mean of the last {plural(last, 'step')})"
             + (f", held-out τ {tau:.3f})" if tau is not None else ")")
         )
-
-
-def _answer(resolved, device: str, prompts: list[Path], out: Path, prompt_tokens: int,
-            max_new_tokens: int, batch: int, weights: dict) -> Path:  # fmt: skip
-    """The target's answers to `prompts`, appended to OUT/answers.jsonl (resumable)."""
-    import torch
-
-    from specgen.api.loader import load_weights
-    from specgen.text.codec import TextCodec
-    from specgen.text.prompts import read_prompts
-    from specgen.training.generate import answer_prompts, generation_dtype
-
-    texts = [p.text for path in prompts for p in read_prompts(path)]
-    dtype = generation_dtype(torch.device(device))
-    model = load_weights(resolved, dtype, device, **weights)
-    codec = TextCodec(resolved.path, resolved.name, model.args.eos_token_ids)
-
-    def encode(text: str) -> list[int]:
-        cut = codec.decode(codec.encode_raw(text)[:prompt_tokens])
-        return codec.encode_chat([{"role": "user", "content": cut}])
-
-    path = out / "answers.jsonl"
-    rows = answer_prompts(model, encode, texts, path, stop_ids=codec.stop_ids, batch=batch,
-                         max_new_tokens=max_new_tokens)  # fmt: skip
-    batches = -(-len(texts) // batch)
-    with display.progress(batches, f"answering {len(texts)} prompts ({dtype})") as advance:
-        for row in rows:
-            advance(f"{row['answered']}/{row['of']}, {row['tokens']} tokens")
-    display.status(f"answers in {path}")
-    return path

@@ -3,8 +3,9 @@
 # the default's drafters further, with far larger steps than the 2-core CPU affords, within
 # a lent GPU's 15 minutes (the start, the features and the three runs side by side on the
 # one GPU, MINUTES each, default 5: one call under the device tool's 10 minutes). Data:
-# the committed answers (data/smollm2-135m/answers.jsonl) and, when carried (`carry: build/long-train/answers`), the answers to the
-# generated prompts (scripts/long_train.sh makes them). DFlash and DSpark go on from the
+# when carried (`carry: build/long-train/answers`), the verifying target's own answers to
+# the training and generated prompts (scripts/long_train.sh makes them on the CPU), else
+# the committed answers (data/smollm2-135m/answers.jsonl, from eager batches). DFlash and DSpark go on from the
 # shipped drafters (warm start); EAGLE-3 starts afresh (its head rows are its vocabulary).
 # Every 65th answer is held out for the offline τ; DSpark's calibration and the decision
 # to ship (scripts/ship_drafters.py, τ >= 0.1 above the shipped one's) are this side's:
@@ -20,7 +21,7 @@ DEVICE="${DEVICE:-cuda}" MINUTES="${MINUTES:-5}" LR="${LR:-6e-4}"
 SEQS="${SEQS:-16}" ANCHORS="${ANCHORS:-128}" EVAL="${EVAL:-1}"
 KINDS="${KINDS:-dflash dspark eagle3}"
 DATA=(--data data/smollm2-135m/answers.jsonl)
-[ -s build/long-train/answers/answers.jsonl ] && DATA+=(--data build/long-train/answers/answers.jsonl)
+[ -s build/long-train/answers/answers.jsonl ] && DATA=(--data build/long-train/answers/answers.jsonl)
 BUILD=build/gpu-drafters
 LAYERS=1,7,14,21,27
 rm -rf "$BUILD"

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from specgen.serve import tools as T
-from specgen.serve.tool_calls import Call, ToolStream, format_of, split
+from specgen.serve.tool_calls import Call, ToolStream, split
+from specgen.serve.tool_formats import format_of
 from support.serve_stub import StubPipe, codec_with, stub_app
 from support.serve_tools import ASK, SPECIAL, TIME, WEATHER, template
 

@@ -2,7 +2,7 @@
 models'): llama.cpp's generic format. The tools go into a system message that says what
 JSON to answer with; the answer is held to that JSON by constrained decoding
 (serve/grammar.py), so whatever the model writes is either calls or a reply, and
-`tool_calls.GenericJSON` reads it back:
+`tool_formats.GenericJSON` reads it back:
 
     {"tool_calls": [{"name": N, "arguments": {...}}, ...]}   or   {"response": TEXT}
 

@@ -10,7 +10,7 @@ decoding to the call JSON or a reply).
 - `auto`: the tools are in the prompt; the model decides, its calls are parsed back.
 - `none`: the tools are left out of the prompt and nothing is parsed (never refused).
 - `required` / a named function: the assistant's turn is made to start with the call's
-  opener (and the name), in the format the template teaches (`tool_calls.Format.prefix`);
+  opener (and the name), in the format the template teaches (`tool_formats.Format.prefix`);
   the model writes the rest. Decoding is unchanged from there on, so speculation stays
   lossless: the answer is what the target itself writes after that opening. Nothing
   constrains the rest to be a valid call; one that does not parse is returned as content.
@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from specgen.serve import generic_tools
 from specgen.serve.errors import invalid
-from specgen.serve.tool_calls import GENERIC, Call, Content, Format, format_of
+from specgen.serve.tool_calls import Call, Content
+from specgen.serve.tool_formats import GENERIC, Format, format_of
 
 if TYPE_CHECKING:
     from specgen.text.codec import TextCodec

@@ -132,6 +132,7 @@ class FusedPass:
         if missing:
             if len(self._rows) + len(missing) > self._rows_limit:
                 self._rows.clear()  # a full cache starts over: simple, and rare
+                missing = list(dict.fromkeys(ids))  # this block's cached ones went too
             rows = model.embed_tokens(torch.tensor([missing]))[0]
             self._rows.update(zip(missing, rows.unbind(0), strict=True))
         rows = [self._rows[i] for i in ids]

@@ -248,6 +248,20 @@ def stream_many(
     """Answer every prompt, `parallel` at a time, in one batch: (prompt index, chunk) as
     they come; a new prompt starts as soon as a slot frees."""
     ids = [pipe.encode(p, raw=raw, think=think) for p in prompts]
+    yield from stream_many_ids(
+        pipe, ids, parallel=parallel, sampling=sampling, max_new_tokens=max_new_tokens
+    )
+
+
+def stream_many_ids(
+    pipe: Pipeline,
+    ids: Sequence[Sequence[int]],
+    *,
+    parallel: int = DEFAULT_PARALLEL,
+    sampling: SamplingParams | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+) -> Iterator[tuple[int, Chunk]]:
+    """`stream_many` for prompts already turned into token ids."""
     streams = Streams(pipe, parallel)
     index: dict[int, int] = {}
     waiting = list(range(len(ids)))[::-1]

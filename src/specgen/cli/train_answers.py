@@ -69,30 +69,18 @@ def streamed(pipe, parallel: int, max_new_tokens: int):
     """An `Answerer` (training/generate.py) that answers `parallel` prompts at a time
     through `Streams`, greedy; each answer keeps the stop token that ended it (its logprob
     entry names it), as the eager batches' answers do."""
-    from specgen.api.streams import Streams
+    from specgen.api.streams import stream_many_ids
     from specgen.core.config import SamplingParams
 
     params = SamplingParams(logprobs=0)
 
     def answer(prompts: list[list[int]]) -> Iterator[tuple[int, list[int]]]:
-        streams = Streams(pipe, parallel)
-        waiting = list(range(len(prompts)))[::-1]
-        index: dict[int, int] = {}
         got: dict[int, list[int]] = {}
-        try:
-            while waiting or streams.active:
-                while waiting and streams.free:
-                    i = waiting.pop()
-                    s = streams.open(prompts[i], sampling=params, max_new_tokens=max_new_tokens)
-                    index[id(s)], got[id(s)] = i, []
-                for stream, chunk in streams.step():
-                    if isinstance(chunk, Exception):
-                        raise chunk
-                    got[id(stream)].extend(entry.token for entry in chunk.logprobs)
-                    if chunk.stats.finish_reason is not None:
-                        yield index.pop(id(stream)), got.pop(id(stream))
-        finally:
-            for stream in list(streams.active):
-                streams.close(stream)
+        chunks = stream_many_ids(pipe, prompts, parallel=parallel, sampling=params,
+                                 max_new_tokens=max_new_tokens)  # fmt: skip
+        for i, chunk in chunks:
+            got.setdefault(i, []).extend(entry.token for entry in chunk.logprobs)
+            if chunk.stats.finish_reason is not None:
+                yield i, got.pop(i)
 
     return answer
